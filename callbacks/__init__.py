@@ -1,0 +1,7 @@
+"""Lightning callbacks: thin wrappers that call ``zoo.metrics`` / module methods and log."""
+from callbacks.balance import Balance
+from callbacks.images import log_matrix, matrix_to_image
+from callbacks.network_map import NetworkMap
+from callbacks.singular_values import SingularValues
+
+__all__ = ["Balance", "NetworkMap", "SingularValues", "log_matrix", "matrix_to_image"]

@@ -1,0 +1,50 @@
+"""The balance ``W2^T W2 - W1 W1^T``, conserved by gradient flow ([L] Def. A.1)."""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from callbacks.base import PeriodicCallback
+from callbacks.images import log_matrix
+
+
+class Balance(PeriodicCallback):
+    """Logs, per member, the largest deviation of the balance from its initial value
+    (``balance/deviation/<member>``, 0 under gradient flow, O(lr) under GD) and the imbalance
+    read off the weights (``balance/lam/<member>``). The balance matrices of up to
+    ``max_images`` members are logged as heatmaps at the start and the end of the fit.
+    """
+
+    def __init__(self, every_n_steps: int = 10, max_images: int = 4) -> None:
+        super().__init__(every_n_steps)
+        self.max_images = max_images
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.need(pl_module, "balance_deviation", "lam_estimate", "balance")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._scalars(trainer, pl_module)
+        self._images(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.due(trainer):
+            self._scalars(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._images(trainer, pl_module)
+
+    def _scalars(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        dev, lam = pl_module.balance_deviation(), pl_module.lam_estimate()
+        metrics = {}
+        for e, lbl in enumerate(pl_module.labels):
+            metrics[f"balance/deviation/{lbl}"] = dev[e]
+            metrics[f"balance/lam/{lbl}"] = lam[e]
+        self.log_scalars(trainer, metrics)
+
+    def _images(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        B = pl_module.balance()
+        if B.numel() == 0:
+            return
+        for e, lbl in enumerate(pl_module.labels[: self.max_images]):
+            log_matrix(trainer, f"balance/{lbl}", B[0, e], title=f"W2^T W2 - W1 W1^T ({lbl})")

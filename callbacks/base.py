@@ -1,0 +1,65 @@
+"""What every zoo callback shares: when it is due, and writing straight to the loggers.
+
+Callbacks write with ``logger.log_metrics(..., step=global_step)`` rather than ``self.log`` so
+that their ``every_n_steps`` is honoured exactly, independent of the Trainer's
+``log_every_n_steps``; Lightning's loggers write on rank 0 only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+class PeriodicCallback(pl.Callback):
+    """A callback that works every ``every_n_steps`` optimizer steps and costs nothing otherwise."""
+
+    def __init__(self, every_n_steps: int = 10) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"{type(self).__name__}: every_n_steps = {every_n_steps}; allowed: a positive integer")
+        self.every_n_steps = every_n_steps
+        self._prev_step: int | None = None
+
+    def due(self, trainer: pl.Trainer) -> bool:
+        """True when the steps since the last call crossed a multiple of ``every_n_steps``.
+
+        A module may take several optimizer steps per batch, so ``global_step`` can jump; call
+        this once per ``on_train_batch_end``.
+        """
+        g = trainer.global_step
+        prev = g - 1 if self._prev_step is None or self._prev_step >= g else self._prev_step
+        self._prev_step = g
+        return g // self.every_n_steps > prev // self.every_n_steps
+
+    @staticmethod
+    def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
+        step = trainer.global_step if step is None else step
+        for logger in trainer.loggers:
+            logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+    @staticmethod
+    def need(pl_module: pl.LightningModule, *methods: str) -> None:
+        """Fail before training if the module lacks what this callback reads."""
+        missing = [m for m in methods if not callable(getattr(pl_module, m, None))]
+        if missing:
+            raise TypeError(f"this callback needs a module with {', '.join(missing)}(); {type(pl_module).__name__} has none")
+
+
+def output_path(trainer: pl.Trainer, name: str) -> Path:
+    """A fresh path for ``name`` in the run's log folder; never overwrites an existing file."""
+    folder = Path(trainer.log_dir or trainer.default_root_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path, stem, i = folder / name, Path(name).stem, 1
+    while path.exists():
+        path, i = folder / f"{stem}_{i}{Path(name).suffix}", i + 1
+    return path
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        rank_zero_warn(message)

@@ -1,0 +1,38 @@
+"""The network map ``W_L ... W_1`` of each member as a heatmap, beside the task's target."""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from callbacks.base import PeriodicCallback
+from callbacks.images import log_matrix
+
+
+class NetworkMap(PeriodicCallback):
+    """Every n steps, logs ``map/<member>`` images of up to ``max_images`` members; at the start,
+    ``map/target``, the whitened task map ``sigma_yx / c`` the network converges to.
+    """
+
+    def __init__(self, every_n_steps: int = 100, max_images: int = 8) -> None:
+        super().__init__(every_n_steps)
+        self.max_images = max_images
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.need(pl_module, "network_map")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        dm = trainer.datamodule
+        if trainer.is_global_zero and dm is not None and callable(getattr(dm, "modes", None)):
+            m = dm.modes()
+            log_matrix(trainer, "map/target", dm.sigma_yx / m.c, title="target map sigma_yx / c")
+        self._log(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.due(trainer):
+            self._log(trainer, pl_module)
+
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        M = pl_module.network_map().detach()
+        for e, lbl in enumerate(pl_module.labels[: self.max_images]):
+            log_matrix(trainer, f"map/{lbl}", M[e], title=f"W_L...W_1 ({lbl}), step {trainer.global_step}")

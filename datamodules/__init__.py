@@ -1,0 +1,4 @@
+"""LightningDataModules, deterministic from a seed; synthetic tasks are generated, never downloaded."""
+from datamodules.regression import LinearTask, RankOne, SemanticHierarchy, TaskModes, WhitenedRegression
+
+__all__ = ["LinearTask", "RankOne", "SemanticHierarchy", "TaskModes", "WhitenedRegression"]

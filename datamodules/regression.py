@@ -1,0 +1,226 @@
+"""Regression tasks for linear networks ([L] App. E.2, [S] Sec. 3; THEORY.md sec. 1b).
+
+Every task is a fixed dataset ``X`` (N, n_in), ``Y`` (N, n_out), generated from a seed. The
+input-output statistics the theory uses are properties: ``sigma_x = X^T X / N`` and
+``sigma_yx = Y^T X / N``. With the zoo's mean loss ``1/(2N) sum_i |y_i - W x_i|^2`` and
+learning rate ``lr``, gradient descent follows ``tau dW/dt = sigma_yx - W sigma_x`` with
+``tau = 1/lr`` (time in steps). For ``sigma_x = c I`` this is whitened dynamics with target
+``sigma_yx / c`` and time constant ``tau / c``: ``modes()`` returns them in that form.
+
+By default a training epoch is ``batches_per_epoch`` full batches (full-batch gradient
+descent, the papers' setting); ``batch_size`` switches to shuffled minibatches.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class TaskModes(NamedTuple):
+    """Whitened form of a linear task: ``sigma_yx sigma_x^-1 = U diag(s) V^T``, time scale ``c``.
+
+    ``U`` (n_out, k), ``s`` (k,), ``V`` (n_in, k); a mode of strength ``a`` follows the whitened
+    theory with target ``s`` and time constant ``tau / c`` (``c`` the input variance).
+    """
+
+    U: Tensor
+    s: Tensor
+    V: Tensor
+    c: float
+
+
+class _RepeatedBatch(Dataset):
+    """The whole dataset as one batch, ``repeats`` times: one epoch = ``repeats`` GD steps."""
+
+    def __init__(self, X: Tensor, Y: Tensor, repeats: int) -> None:
+        self.X, self.Y, self.repeats = X, Y, repeats
+
+    def __len__(self) -> int:
+        return self.repeats
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.X, self.Y
+
+
+class LinearTask(pl.LightningDataModule):
+    """Base of the regression tasks: holds ``X``, ``Y`` and serves full batches or minibatches.
+
+    Subclasses implement ``make(generator)`` returning ``(X, Y)``.
+    """
+
+    def __init__(self, batch_size: int | None = None, batches_per_epoch: int = 100, seed: int = 0) -> None:
+        super().__init__()
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"{type(self).__name__}: batch_size = {batch_size}; allowed: a positive integer or null (full batch)")
+        if batches_per_epoch < 1:
+            raise ValueError(f"{type(self).__name__}: batches_per_epoch = {batches_per_epoch}; allowed: a positive integer")
+        self.batch_size, self.batches_per_epoch, self.seed = batch_size, batches_per_epoch, seed
+        self._X: Tensor | None = None
+        self._Y: Tensor | None = None
+
+    def make(self, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _data(self) -> tuple[Tensor, Tensor]:
+        if self._X is None:
+            X, Y = self.make(torch.Generator().manual_seed(self.seed))
+            self._X, self._Y = X.to(torch.float32), Y.to(torch.float32)
+        return self._X, self._Y  # type: ignore[return-value]
+
+    @property
+    def X(self) -> Tensor:
+        return self._data()[0]
+
+    @property
+    def Y(self) -> Tensor:
+        return self._data()[1]
+
+    @property
+    def n_in(self) -> int:
+        return self.X.shape[1]
+
+    @property
+    def n_out(self) -> int:
+        return self.Y.shape[1]
+
+    @property
+    def sigma_x(self) -> Tensor:
+        X = self.X.double()
+        return X.T @ X / X.shape[0]
+
+    @property
+    def sigma_yx(self) -> Tensor:
+        X, Y = self.X.double(), self.Y.double()
+        return Y.T @ X / X.shape[0]
+
+    def modes(self) -> TaskModes:
+        """The task's modes in whitened form; requires ``sigma_x = c I`` (else the theory does not apply)."""
+        sx = self.sigma_x
+        c = float(sx.diagonal().mean())
+        if not torch.allclose(sx, c * torch.eye(sx.shape[0], dtype=sx.dtype), atol=1e-5 * max(c, 1e-12)):
+            raise ValueError(
+                f"{type(self).__name__}: the input covariance is not a multiple of the identity, so the whitened "
+                "theory does not apply to this task"
+            )
+        U, s, Vh = torch.linalg.svd(self.sigma_yx / c, full_matrices=False)
+        return TaskModes(U, s, Vh.T, c)
+
+    def train_dataloader(self) -> DataLoader:
+        X, Y = self._data()
+        if self.batch_size is None:
+            return DataLoader(_RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(TensorDataset(X, Y), batch_size=self.batch_size, shuffle=True, generator=g, drop_last=False)
+
+
+def whiten(X: Tensor, variance: float = 1.0) -> Tensor:
+    """Rows of X transformed so that ``X^T X / N = variance * I`` exactly (symmetric whitening)."""
+    N = X.shape[0]
+    evals, evecs = torch.linalg.eigh(X.T @ X / N)
+    return X @ (evecs * (variance / evals).sqrt()) @ evecs.T
+
+
+class WhitenedRegression(LinearTask):
+    """Whitened random regression ([L] App. E.2.1): x ~ N(0, I) whitened to sample covariance I;
+    targets independent N(0, 1/n_out), so there is no exact linear solution.
+    """
+
+    def __init__(
+        self, n_in: int = 8, n_out: int = 8, num_samples: int = 64,
+        batch_size: int | None = None, batches_per_epoch: int = 100, seed: int = 0,
+    ) -> None:
+        super().__init__(batch_size, batches_per_epoch, seed)
+        if min(n_in, n_out) < 1:
+            raise ValueError(f"WhitenedRegression: n_in = {n_in}, n_out = {n_out}; allowed: positive integers")
+        if num_samples < n_in:
+            raise ValueError(f"WhitenedRegression: num_samples = {num_samples} must be >= n_in = {n_in} to whiten the inputs")
+        self.n_in_, self.n_out_, self.num_samples = n_in, n_out, num_samples
+
+    def make(self, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        X = whiten(torch.randn(self.num_samples, self.n_in_, generator=generator, dtype=torch.float64))
+        Y = torch.randn(self.num_samples, self.n_out_, generator=generator, dtype=torch.float64) / self.n_out_**0.5
+        return X, Y
+
+
+HIERARCHY_LABELS = torch.tensor(
+    [
+        [1, 1, 1, 0, 1, 0, 0, 0],
+        [1, 1, 1, 0, -1, 0, 0, 0],
+        [1, 1, -1, 0, 0, 1, 0, 0],
+        [1, 1, -1, 0, 0, -1, 0, 0],
+        [1, -1, 0, 1, 0, 0, 1, 0],
+        [1, -1, 0, 1, 0, 0, -1, 0],
+        [1, -1, 0, -1, 0, 0, 0, 1],
+        [1, -1, 0, -1, 0, 0, 0, -1],
+    ],
+    dtype=torch.float64,
+)
+"""The eight items' features (rows = items) of [L] App. E.2.2 / Braun et al. 2022."""
+
+
+def hierarchy_targets(perturb: bool = True, reverse_modes: list[int] | None = None) -> Tensor:
+    """Targets of the semantic hierarchy (items as rows).
+
+    ``perturb`` splits the repeated singular values by scaling feature column i (i = 1..8) by
+    ``1 + 0.1/i`` (THEORY.md 1b). ``reverse_modes`` flips the sign of those left singular
+    vectors of the task ([L] App. D.2, reversal learning): ``Y -> Y - 2 s_i (u_i v_i^T)^T``.
+    """
+    Y = HIERARCHY_LABELS.clone()
+    if perturb:
+        Y = Y * (1 + 0.1 / torch.arange(1, 9, dtype=torch.float64))
+    if reverse_modes:
+        U, s, Vh = torch.linalg.svd(Y.T, full_matrices=False)  # Y^T = features x items
+        for i in reverse_modes:
+            if not 0 <= i < len(s):
+                raise ValueError(f"SemanticHierarchy: reverse_modes contains {i}; allowed: 0..{len(s) - 1}")
+            Y = Y - 2 * s[i] * torch.outer(U[:, i], Vh[i]).T
+    return Y
+
+
+class SemanticHierarchy(LinearTask):
+    """The semantic hierarchy ([L] App. E.2.2, Braun et al. 2022): one-hot items, hierarchical features.
+
+    X = I_8 (N = 8 items), so ``sigma_x = I/8``: the whitened form has target ``Y^T`` and time
+    constant ``8 tau``. ``perturb`` breaks the ties between singular values;
+    ``reverse_modes`` gives the reversal-learning variant ([L] App. D.2).
+    """
+
+    def __init__(
+        self, perturb: bool = True, reverse_modes: list[int] | None = None,
+        batch_size: int | None = None, batches_per_epoch: int = 100, seed: int = 0,
+    ) -> None:
+        super().__init__(batch_size, batches_per_epoch, seed)
+        self.perturb, self.reverse_modes = perturb, list(reverse_modes or [])
+        hierarchy_targets(perturb, self.reverse_modes)  # validate now, before training
+
+    def make(self, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return torch.eye(8, dtype=torch.float64), hierarchy_targets(self.perturb, self.reverse_modes)
+
+
+class RankOne(LinearTask):
+    """Rank-one regression ([S] Sec. 3, Eq. 1): ``sigma_yx = u s v^T``, ``sigma_x = d I``.
+
+    Inputs are whitened to variance ``d``; targets are exactly linear, ``y = (s/d) u v^T x``.
+    """
+
+    def __init__(
+        self, n_in: int = 8, n_out: int = 1, s: float = 1.0, d: float = 1.0, num_samples: int = 64,
+        batch_size: int | None = None, batches_per_epoch: int = 100, seed: int = 0,
+    ) -> None:
+        super().__init__(batch_size, batches_per_epoch, seed)
+        if s <= 0 or d <= 0:
+            raise ValueError(f"RankOne: s = {s}, d = {d}; allowed: s > 0 and d > 0")
+        if num_samples < n_in:
+            raise ValueError(f"RankOne: num_samples = {num_samples} must be >= n_in = {n_in}")
+        self.n_in_, self.n_out_, self.s, self.d, self.num_samples = n_in, n_out, s, d, num_samples
+
+    def make(self, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        X = whiten(torch.randn(self.num_samples, self.n_in_, generator=generator, dtype=torch.float64), self.d)
+        u = torch.randn(self.n_out_, generator=generator, dtype=torch.float64)
+        v = torch.randn(self.n_in_, generator=generator, dtype=torch.float64)
+        W = (self.s / self.d) * torch.outer(u / u.norm(), v / v.norm())
+        return X, X @ W.T

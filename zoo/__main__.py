@@ -1,0 +1,4 @@
+"""``python -m zoo``: the same command line as the ``lightning`` and ``zoo`` scripts."""
+from zoo.cli import main
+
+main()

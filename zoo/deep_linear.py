@@ -1,0 +1,200 @@
+"""Deep linear networks with an ensemble dimension ([L], [S] Sec. 3).
+
+``y_hat = W_L ... W_1 x``; loss ``1/(2N) sum_i |y_i - y_hat_i|^2`` (mean over samples, summed
+over outputs), so plain gradient descent with learning rate ``lr`` follows
+``tau dW/dt = -dL/dW`` with ``tau = 1/lr`` and time counted in steps ([L] Eq. 2).
+
+``E`` members, each with its own initialisation parameters (e.g. ``lam: [-4, 0, 4]``), train in
+one fit as batched tensor ops: weights are (E, out, in) tensors, the total loss is the sum of
+the members' losses, so each member receives exactly its own gradient.
+
+Each ``training_step`` takes ``steps_per_batch`` gradient steps on its batch (manual
+optimisation): Lightning's per-step overhead is many times the cost of a step of a small
+linear network, and the papers' experiments take thousands of steps. ``global_step`` counts
+gradient steps, so ``max_steps`` and the callbacks' ``every_n_steps`` mean what they say.
+"""
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+from jsonargparse import lazy_instance
+from torch import Tensor, nn
+
+from zoo.divergence import check_finite
+from zoo.init import InitScheme, LambdaBalanced
+
+MAX_MEMBER_TAGS = 32
+"""Ensembles up to this size log one loss curve per member; larger ones (sweeps) log the mean."""
+
+
+class DeepLinearNet(pl.LightningModule):
+    """An L-layer linear network ``dims = [n_in, n_1, ..., n_out]``, trained by (full-batch) GD.
+
+    Args:
+        dims: layer widths from input to output, e.g. ``[8, 8, 8]`` for a two-layer network.
+        init: the initialisation scheme (``zoo.init``); list-valued parameters make an ensemble.
+        ensemble: number of members; default: the length of the scheme's list parameters.
+        lr: learning rate of plain gradient descent (``tau = 1/lr`` steps).
+        task_aligned: start from a map that shares the task's singular vectors,
+            ``W_L...W_1 = U diag(a0) V^T`` with every mode at strength ``a0 = init.scale``
+            (needs a ``lambda_balanced`` init); the regime of [L] Thm. 5.1 / ``SingularValues``.
+        steps_per_batch: gradient steps per ``training_step`` on the same batch (full-batch GD:
+            raise it, e.g. to 10, to cut Lightning's per-step overhead).
+        seed: seed of the initial weights (independent of the global seed, so two modules with the
+            same arguments start identical).
+    """
+
+    def __init__(
+        self,
+        dims: list[int],
+        init: InitScheme = lazy_instance(LambdaBalanced, lam=0.0, scale=1e-3),
+        ensemble: int | None = None,
+        lr: float = 0.1,
+        task_aligned: bool = False,
+        steps_per_batch: int = 1,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if len(dims) < 2 or any(int(n) < 1 for n in dims):
+            raise ValueError(f"DeepLinearNet: dims = {dims}; allowed: at least two positive widths [n_in, ..., n_out]")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"DeepLinearNet: lr = {lr}; allowed: a positive number")
+        E = init.ensemble_size if ensemble is None else ensemble
+        if E < 1 or (init.ensemble_size > 1 and E != init.ensemble_size):
+            raise ValueError(
+                f"DeepLinearNet: ensemble = {ensemble} but the init scheme describes {init.ensemble_size} members; "
+                "leave ensemble unset or make them agree"
+            )
+        if steps_per_batch < 1:
+            raise ValueError(f"DeepLinearNet: steps_per_batch = {steps_per_batch}; allowed: a positive integer")
+        if task_aligned and not isinstance(init, LambdaBalanced):
+            raise ValueError(f"DeepLinearNet: task_aligned = true needs init lambda_balanced, got {type(init).__name__}")
+        self.save_hyperparameters(ignore=["init"])
+        self.dims, self.init_scheme, self.ensemble, self.lr = [int(n) for n in dims], init, E, lr
+        self.task_aligned, self.seed, self.steps_per_batch = task_aligned, seed, steps_per_batch
+        self.automatic_optimization = False
+        self.labels = init.labels(E)
+        ws = init.weights(self.shapes, ensemble=E, generator=torch.Generator().manual_seed(seed))
+        self.W = nn.ParameterList([nn.Parameter(w) for w in ws])
+        self.register_buffer("balance0", self._balance_stack().detach().clone())
+
+    # -- structure --------------------------------------------------------------------------------
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """Layer shapes (out, in), input to output."""
+        return [(b, a) for a, b in zip(self.dims[:-1], self.dims[1:])]
+
+    def weights(self) -> list[Tensor]:
+        """The weight matrices, input to output, each (E, out, in)."""
+        return list(self.W)
+
+    def network_map(self) -> Tensor:
+        """The map ``W_L ... W_1`` of every member, (E, n_out, n_in)."""
+        M = self.W[0]
+        for W in self.W[1:]:
+            M = W @ M
+        return M
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, n_in) shared by all members, or (E, B, n_in). Returns (E, B, n_out)."""
+        h = x
+        for W in self.W:
+            h = h @ W.transpose(-1, -2)
+        return h
+
+    # -- analytic quantities (used by the callbacks) ----------------------------------------------
+    def mode_strengths(self, U: Tensor, V: Tensor) -> Tensor:
+        """Strengths ``a_i = u_i^T (W_L...W_1) v_i`` of the map along the task's modes, (E, k)."""
+        M = self.network_map().detach().to(U.dtype)
+        return torch.einsum("ok,eoi,ik->ek", U.to(M.device), M, V.to(M.device))
+
+    def _balance_stack(self) -> Tensor:
+        """``W_{l+1}^T W_{l+1} - W_l W_l^T`` for consecutive layers of equal width, (L-1, E, n, n)."""
+        mats = []
+        for Wa, Wb in zip(self.W[:-1], self.W[1:]):
+            mats.append(Wb.transpose(-1, -2) @ Wb - Wa @ Wa.transpose(-1, -2))
+        if not mats:
+            return torch.zeros(0, self.ensemble, 0, 0)
+        if len({m.shape for m in mats}) > 1:  # unequal hidden widths: keep the first pair only
+            mats = mats[:1]
+        return torch.stack(mats)
+
+    def balance(self) -> Tensor:
+        """The balance matrices now ([L] Def. A.1; conserved by gradient flow), (L-1, E, n, n)."""
+        return self._balance_stack().detach()
+
+    def balance_deviation(self) -> Tensor:
+        """Largest entry of ``|balance(t) - balance(0)|`` per member, (E,): 0 under gradient flow."""
+        dev = (self.balance() - self.balance0).abs()
+        return dev.flatten(start_dim=2).amax(dim=(0, 2)) if dev.numel() else torch.zeros(self.ensemble)
+
+    def lam_estimate(self) -> Tensor:
+        """The imbalance read off the weights: mean diagonal of the first balance matrix, (E,)."""
+        B = self.balance()
+        return B[0].diagonal(dim1=-2, dim2=-1).mean(-1) if B.numel() else torch.zeros(self.ensemble)
+
+    def predicted_mode_strengths(self, steps: Tensor, modes) -> Tensor | None:
+        """Closed-form mode strengths ([L] Thm. 5.1) at the given steps, (E, T, k), or None.
+
+        Exact for two-layer, task-aligned lambda-balanced networks under gradient flow (GD with a
+        small lr follows it up to O(lr)). ``modes`` is a ``datamodules.regression.TaskModes``;
+        modes beyond the hidden width stay at zero.
+        """
+        if not (self.task_aligned and len(self.W) == 2):
+            return None
+        from zoo.theory.linear import aligned_singular_value
+
+        E, k, n_h = self.ensemble, len(modes.s), self.dims[1]
+        lam = self.init_scheme.per_member("lam", E)[:, None, None]
+        a0 = self.init_scheme.per_member("scale", E)[:, None, None]
+        t = steps.to(torch.float64)[None, :, None]
+        s = modes.s.to(torch.float64)[None, None, :]
+        tau = 1.0 / (self.lr * modes.c)
+        pred = aligned_singular_value(t, lam=lam, s=s, tau=tau, a0=a0.expand(E, 1, k))
+        pred = pred.expand(E, t.shape[1], k).clone()
+        pred[..., n_h:] = 0.0
+        return pred
+
+    # -- training ---------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if self.task_aligned and stage == "fit":
+            modes = self.trainer.datamodule.modes()
+            E, m = self.ensemble, len(modes.s)
+            a0 = self.init_scheme.per_member("scale", E)
+            product = torch.einsum("ok,ek,ik->eoi", modes.U, a0[:, None].expand(E, m), modes.V)
+            ws = self.init_scheme.factor(product, self.shapes, torch.Generator().manual_seed(self.seed))
+            with torch.no_grad():
+                for p, w in zip(self.W, ws):
+                    p.copy_(w.to(p))
+                self.balance0.copy_(self._balance_stack())
+
+    def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """``1/(2N) sum_i |y_i - y_hat_i|^2`` of every member, (E,)."""
+        x, y = batch
+        return 0.5 * (self(x) - y).pow(2).sum(-1).mean(-1)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        opt = self.optimizers()
+        first_step, first = self.global_step, None
+        for _ in range(self.steps_per_batch):
+            losses = self.member_loss(batch)
+            check_finite(
+                losses, step=self.global_step, labels=self.labels,
+                hint=f"The learning rate lr={self.lr} is probably too large for this initial scale: the stable "
+                "step shrinks as |lam| and the weights grow (GD needs lr * curvature < 2); try lr / 10.",
+            )
+            if first is None:
+                first = losses.detach()
+            opt.zero_grad(set_to_none=True)
+            self.manual_backward(losses.sum())
+            opt.step()
+        self.log("loss", first.mean(), prog_bar=True)
+        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
+        # the losses of the weights at step `loss_step`, before this call's updates
+        return {"loss": first.sum(), "member_loss": first, "loss_step": first_step}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)

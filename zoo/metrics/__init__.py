@@ -1,0 +1,1 @@
+"""Metrics as pure functions on tensors: no Lightning (usable from a notebook)."""

@@ -1,0 +1,1 @@
+"""Closed forms and ODEs of the papers: pure torch, no Lightning (usable from a notebook)."""
