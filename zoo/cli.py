@@ -33,20 +33,37 @@ def _run_lightning_sdk(argv: list[str]) -> object:
     return entry.main_cli()
 
 
+def _cli_class():
+    from lightning.pytorch.cli import LightningCLI
+
+    class ZooCLI(LightningCLI):
+        """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks."""
+
+        def instantiate_classes(self) -> None:
+            try:
+                super().instantiate_classes()
+            except (ValueError, TypeError) as err:
+                # constructors validate their arguments (ranges, shapes): report it as the CLI
+                # reports a parse error, before anything runs
+                self.parser.error(f"invalid configuration: {err}")
+
+    return ZooCLI
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning`` / ``zoo`` scripts. ``args`` defaults to ``sys.argv[1:]``."""
     argv = sys.argv[1:] if args is None else list(args)
     if not _is_ours(argv):
         _run_lightning_sdk(argv)
         return
-    build_cli(argv)
+    # from a console script, LightningCLI reads sys.argv itself and reports bad input as a
+    # usage error (exit code 2) rather than a traceback
+    build_cli(None if args is None else argv)
 
 
-def build_cli(args: list[str], *, run: bool = True):
-    """The zoo's LightningCLI on ``args`` (a list, as after the program name); returns it."""
-    argv = list(args)
-
-    from lightning.pytorch.cli import LightningCLI
+def build_cli(args: list[str] | None = None, *, run: bool = True):
+    """The zoo's LightningCLI on ``args`` (a list, as after the program name, or None for
+    ``sys.argv[1:]``); returns it. In-process callers (tests, notebooks) get exceptions."""
 
     # importing them registers the zoo's classes, so YAML can name them by their short names
     import callbacks  # noqa: F401
@@ -54,13 +71,13 @@ def build_cli(args: list[str], *, run: bool = True):
     import zoo.deep_linear  # noqa: F401
     import zoo.init  # noqa: F401
 
-    return LightningCLI(
+    return _cli_class()(
         model_class=None,
         datamodule_class=None,
         subclass_mode_model=True,
         subclass_mode_data=True,
         seed_everything_default=0,
-        args=argv,
+        args=args,
         run=run,
         auto_configure_optimizers=False,
     )

@@ -57,6 +57,7 @@ class DeepLinearNet(pl.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
+        init = init.checked()
         if len(dims) < 2 or any(int(n) < 1 for n in dims):
             raise ValueError(f"DeepLinearNet: dims = {dims}; allowed: at least two positive widths [n_in, ..., n_out]")
         if not (lr > 0 and math.isfinite(lr)):

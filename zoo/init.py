@@ -77,6 +77,15 @@ class InitScheme:
         self._params[param] = values
         return values
 
+    def checked(self) -> "InitScheme":
+        """This scheme, with its list parameters checked for consistent lengths.
+
+        Modules call it first: it also materialises a default made with jsonargparse's
+        ``lazy_instance`` (whose ``__init__`` runs at the first method call).
+        """
+        self.ensemble_size
+        return self
+
     @property
     def ensemble_size(self) -> int:
         """Number of members the list-valued parameters describe (1 if all are scalars)."""

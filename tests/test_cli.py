@@ -1,0 +1,112 @@
+"""The command line: parse-time errors, --print_config, defaults, and the lightning-sdk hand-off."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from tests.conftest import REPO, run_cli
+
+QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
+
+
+def test_print_config_shows_the_init_scheme_and_its_parameters(in_tmp, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_cli("fit", "--config", QUICKSTART, "--print_config")
+    assert stop.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "class_path: zoo.init.LambdaBalanced" in out
+    assert "lam:" in out and "- -8.0" in out and "scale: 0.001" in out
+
+
+def test_default_seed_and_tensorboard_logger_and_saved_config(in_tmp):
+    cli = run_cli("fit", "--config", QUICKSTART, "--trainer.max_steps=10", "--trainer.enable_progress_bar=false")
+    assert cli.config["fit"]["seed_everything"] == 0
+    assert isinstance(cli.trainer.logger, TensorBoardLogger)
+    log_dir = in_tmp / "lightning_logs" / "version_0"
+    assert (log_dir / "config.yaml").exists()
+    assert any(p.name.startswith("events.out.tfevents") for p in log_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--model.init_args.init=NoSuchScheme", "NoSuchScheme"),
+        ("--model.init_args.lr=abc", "abc"),
+        ("--model.init_args.init.init_args.scale=-1", "lambda_balanced: parameter 'scale' = -1.0 is out of range"),
+        ("--model.init_args.dims=[8,9,8]", "n_h <= min(n_in, n_out)"),
+    ],
+)
+def test_bad_config_fails_at_parse_time_with_the_cli_message(in_tmp, capsys, override, message):
+    with pytest.raises(SystemExit) as stop:
+        run_cli("fit", "--config", QUICKSTART, override)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (in_tmp / "lightning_logs").exists()  # nothing started
+
+
+def test_a_users_own_module_by_class_path(in_tmp, monkeypatch):
+    (in_tmp / "my_research.py").write_text(textwrap.dedent("""
+        from zoo import DeepLinearNet
+
+        class Mine(DeepLinearNet):
+            def member_loss(self, batch):
+                return 2 * super().member_loss(batch)
+    """))
+    monkeypatch.syspath_prepend(str(in_tmp))
+    cli = run_cli("fit", "--config", QUICKSTART, "--model=my_research.Mine", "--trainer.max_steps=10",
+                  "--trainer.enable_progress_bar=false")
+    assert type(cli.model).__name__ == "Mine" and cli.trainer.global_step == 10
+
+
+def _fake_sdk(tmp_path):
+    pkg = tmp_path / "fake_sdk" / "lightning_sdk" / "cli"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "entrypoint.py").write_text(textwrap.dedent("""
+        import json, os, sys
+
+        def main_cli():
+            with open(os.environ["FAKE_SDK_RECORD"], "w") as f:
+                json.dump(sys.argv[1:], f)
+    """))
+    return tmp_path / "fake_sdk"
+
+
+def test_non_fit_commands_go_to_lightning_sdk_unchanged(in_tmp, monkeypatch):
+    import json
+
+    from zoo.cli import main
+
+    monkeypatch.syspath_prepend(str(_fake_sdk(in_tmp)))
+    monkeypatch.setattr(sys, "argv", ["lightning"])
+    record = in_tmp / "argv.json"
+    monkeypatch.setenv("FAKE_SDK_RECORD", str(record))
+    main(["studio", "start", "--name", "x y"])
+    assert json.loads(record.read_text()) == ["studio", "start", "--name", "x y"]
+    # fit stays with the zoo even when lightning_sdk is importable
+    record.unlink()
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    assert not record.exists()
+
+
+def test_without_lightning_sdk_unknown_commands_are_the_clis_error(in_tmp, capsys):
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["studio"])
+    assert stop.value.code == 2
+
+
+def test_python_dash_m_zoo_runs_the_same_cli():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-m", "zoo", "fit", "--help"], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--model" in out.stdout and "--data" in out.stdout and "seed_everything" in out.stdout

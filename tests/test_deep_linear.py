@@ -1,0 +1,137 @@
+"""DeepLinearNet: ensemble semantics, conservation laws, divergence, resume."""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from datamodules import SemanticHierarchy, WhitenedRegression
+from zoo import DeepLinearNet, DivergenceError
+from zoo.init import Gaussian, LambdaBalanced
+
+
+def trainer(max_steps: int, **kw) -> pl.Trainer:
+    opts = dict(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, accelerator="cpu", devices=1)
+    opts.update(kw)
+    return pl.Trainer(**opts)
+
+
+def test_weights_forward_and_map():
+    net = DeepLinearNet(dims=[5, 4, 3, 2], init=Gaussian(sigma=[0.1, 0.2]))
+    Ws = net.weights()
+    assert [tuple(w.shape) for w in Ws] == [(2, 4, 5), (2, 3, 4), (2, 2, 3)]
+    x = torch.randn(7, 5)
+    M = Ws[2] @ Ws[1] @ Ws[0]
+    assert torch.allclose(net.network_map(), M)
+    assert torch.allclose(net(x), torch.einsum("eoi,bi->ebo", M, x), atol=1e-6)
+    assert net.labels == ["sigma=0.1", "sigma=0.2"]
+
+
+def test_each_member_gets_exactly_its_own_gradient():
+    dm = WhitenedRegression(n_in=4, n_out=3, num_samples=16)
+    ens = DeepLinearNet(dims=[4, 3, 3], init=LambdaBalanced(lam=[-1.0, 0.0, 2.0], scale=0.3)).double()
+    batch = (dm.X.double(), dm.Y.double())
+    ens.member_loss(batch).sum().backward()
+    for e in range(3):
+        single = DeepLinearNet(dims=[4, 3, 3], init=LambdaBalanced(lam=0.0)).double()
+        with torch.no_grad():
+            for p, q in zip(single.W, ens.W):
+                p.copy_(q[e : e + 1])
+        single.member_loss(batch).sum().backward()
+        for p, q in zip(single.W, ens.W):
+            assert torch.allclose(p.grad[0], q.grad[e], atol=1e-12)
+
+
+def _train(net, dm, steps):
+    trainer(steps).fit(net, datamodule=dm)
+    return net
+
+
+def test_balance_is_conserved_up_to_the_step_size():
+    """GD breaks the conservation law at O(lr^2) per step, so O(lr) at a fixed time t = lr*steps."""
+    devs = []
+    for lr in (0.02, 0.01):
+        dm = WhitenedRegression(n_in=5, n_out=5, num_samples=30, batches_per_epoch=50)
+        net = DeepLinearNet(dims=[5, 5, 5], init=LambdaBalanced(lam=[-1.0, 1.0], scale=0.5), lr=lr)
+        _train(net, dm, int(4 / lr))
+        devs.append(net.balance_deviation())
+        assert torch.allclose(net.lam_estimate(), torch.tensor([-1.0, 1.0]), atol=20 * lr)
+    assert devs[0].max() < 0.05
+    ratio = devs[0] / devs[1]
+    assert torch.all((ratio > 1.6) & (ratio < 2.5)), ratio  # first order in lr
+
+
+def test_task_aligned_modes_follow_theorem_5_1_to_order_lr():
+    from zoo.theory.linear import aligned_singular_value
+
+    errors = []
+    for lr in (0.04, 0.02):
+        dm = SemanticHierarchy(batches_per_epoch=20)
+        net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-3.0, 0.0, 5.0], scale=1e-2), lr=lr,
+                            task_aligned=True).double()
+        steps = int(round(40 / lr))  # 40 time units of tau = 1/lr: past every mode's transition
+        _train(net, dm, steps)
+        m = dm.modes()
+        a = net.mode_strengths(m.U, m.V)
+        lam = torch.tensor([-3.0, 0.0, 5.0], dtype=torch.float64)[:, None]
+        pred = aligned_singular_value(torch.tensor(float(steps)), lam=lam, s=m.s, tau=1 / (lr * m.c), a0=1e-2)
+        assert torch.allclose(net.predicted_mode_strengths(torch.tensor([steps]), m)[:, 0], pred)
+        errors.append((a - pred).abs().max().item())
+    # Euler's global error is proportional to the step: halving lr halves it
+    assert errors[1] < 0.6 * errors[0], errors
+    assert errors[0] < 5 * 0.04 * 8, errors  # 5 x lr in units of the whitened time (c = 1/8)
+
+
+def test_steps_per_batch_gives_the_same_trajectory():
+    dm = WhitenedRegression(n_in=4, n_out=4, num_samples=12, batches_per_epoch=7)
+    a = _train(DeepLinearNet(dims=[4, 4, 4], init=LambdaBalanced(lam=[0.5, 1.0]), lr=0.05), dm, 60)
+    dm = WhitenedRegression(n_in=4, n_out=4, num_samples=12, batches_per_epoch=7)
+    b = DeepLinearNet(dims=[4, 4, 4], init=LambdaBalanced(lam=[0.5, 1.0]), lr=0.05, steps_per_batch=5)
+    t = trainer(60)
+    t.fit(b, datamodule=dm)
+    assert t.global_step == 60
+    for p, q in zip(a.W, b.W):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_divergence_stops_with_a_message_naming_step_and_member():
+    dm = WhitenedRegression(n_in=4, n_out=4, num_samples=12)
+    net = DeepLinearNet(dims=[4, 4, 4], init=LambdaBalanced(lam=[0.0, 30.0], scale=1.0), lr=0.2)
+    with pytest.raises(DivergenceError, match=r"not finite at step \d+ for ensemble member\(s\) lam=30: .*lr=0.2"):
+        _train(net, dm, 500)
+
+
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+    def fit(max_steps, ckpt=None, root=tmp_path):
+        dm = SemanticHierarchy(batches_per_epoch=25)
+        net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-1.0, 1.0], scale=0.01), lr=0.05, seed=3)
+        t = trainer(max_steps, enable_checkpointing=True, default_root_dir=root)
+        t.fit(net, datamodule=dm, ckpt_path=ckpt)
+        return net, t
+
+    whole, _ = fit(100, root=tmp_path / "a")
+    _, half = fit(50, root=tmp_path / "b")
+    ckpt = half.checkpoint_callback.best_model_path
+    assert ckpt.endswith(".ckpt")
+    resumed, t = fit(100, ckpt=ckpt, root=tmp_path / "c")
+    assert t.global_step == 100
+    for p, q in zip(whole.W, resumed.W):
+        assert torch.equal(p, q)
+    assert torch.equal(whole.balance0, resumed.balance0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(dims=[4]), "dims = \\[4\\]"),
+        (dict(dims=[4, 4], lr=-1.0), "lr = -1.0"),
+        (dict(dims=[4, 4, 4], init=LambdaBalanced(lam=[1.0, 2.0]), ensemble=3), "ensemble = 3"),
+        (dict(dims=[4, 4, 4], init=Gaussian(), task_aligned=True), "task_aligned = true needs init lambda_balanced"),
+        (dict(dims=[4, 9, 4], init=LambdaBalanced(lam=1.0)), "n_h <= min"),
+        (dict(dims=[4, 4, 4], steps_per_batch=0), "steps_per_batch = 0"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        DeepLinearNet(**kwargs)

@@ -1,0 +1,34 @@
+"""Every recipe under recipes/ runs through the CLI on a tiny budget, as a user would run it.
+
+A recipe may carry a header line ``# smoke-test: <extra CLI args>`` to shrink itself further;
+otherwise it runs with ``--trainer.max_steps=3``.
+"""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml"))
+
+
+def _smoke_args(path) -> list[str]:
+    for line in path.read_text().splitlines():
+        if line.startswith("# smoke-test:"):
+            return shlex.split(line.split(":", 1)[1])
+    return ["--trainer.max_steps=3"]
+
+
+def test_there_are_recipes():
+    assert any(p.name == "quickstart.yaml" for p in RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(REPO / "recipes")) for p in RECIPES])
+def test_recipe_runs(recipe, in_tmp):
+    cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *_smoke_args(recipe))
+    assert cli.trainer.global_step > 0
+    log_dir = cli.trainer.log_dir
+    assert log_dir is not None and any(p.name.startswith("events.out.tfevents") for p in
+                                       __import__("pathlib").Path(log_dir).iterdir())
