@@ -119,6 +119,9 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
     for p, q in zip(whole.W, resumed.W):
         assert torch.equal(p, q)
     assert torch.equal(whole.balance0, resumed.balance0)
+    # the checkpoint holds plain data (the init scheme as a spec), so it loads with weights_only
+    loaded = DeepLinearNet.load_from_checkpoint(ckpt, weights_only=True)
+    assert loaded.labels == ["lam=-1", "lam=1"] and loaded.init_scheme.spec() == whole.init_scheme.spec()
 
 
 @pytest.mark.parametrize(

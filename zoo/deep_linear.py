@@ -23,7 +23,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
-from zoo.init import InitScheme, LambdaBalanced
+from zoo.init import InitScheme, LambdaBalanced, from_spec
 
 MAX_MEMBER_TAGS = 32
 """Ensembles up to this size log one loss curve per member; larger ones (sweeps) log the mean."""
@@ -35,6 +35,7 @@ class DeepLinearNet(pl.LightningModule):
     Args:
         dims: layer widths from input to output, e.g. ``[8, 8, 8]`` for a two-layer network.
         init: the initialisation scheme (``zoo.init``); list-valued parameters make an ensemble.
+            Its ``spec()`` dict is accepted too (that is how checkpoints store it).
         ensemble: number of members; default: the length of the scheme's list parameters.
         lr: learning rate of plain gradient descent (``tau = 1/lr`` steps).
         task_aligned: start from a map that shares the task's singular vectors,
@@ -57,27 +58,28 @@ class DeepLinearNet(pl.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        init = init.checked()
+        scheme = from_spec(init).checked()
+        init = scheme.spec()  # hparams hold plain data: checkpoints load with weights_only
         if len(dims) < 2 or any(int(n) < 1 for n in dims):
             raise ValueError(f"DeepLinearNet: dims = {dims}; allowed: at least two positive widths [n_in, ..., n_out]")
         if not (lr > 0 and math.isfinite(lr)):
             raise ValueError(f"DeepLinearNet: lr = {lr}; allowed: a positive number")
-        E = init.ensemble_size if ensemble is None else ensemble
-        if E < 1 or (init.ensemble_size > 1 and E != init.ensemble_size):
+        E = scheme.ensemble_size if ensemble is None else ensemble
+        if E < 1 or (scheme.ensemble_size > 1 and E != scheme.ensemble_size):
             raise ValueError(
-                f"DeepLinearNet: ensemble = {ensemble} but the init scheme describes {init.ensemble_size} members; "
+                f"DeepLinearNet: ensemble = {ensemble} but the init scheme describes {scheme.ensemble_size} members; "
                 "leave ensemble unset or make them agree"
             )
         if steps_per_batch < 1:
             raise ValueError(f"DeepLinearNet: steps_per_batch = {steps_per_batch}; allowed: a positive integer")
-        if task_aligned and not isinstance(init, LambdaBalanced):
-            raise ValueError(f"DeepLinearNet: task_aligned = true needs init lambda_balanced, got {type(init).__name__}")
-        self.save_hyperparameters(ignore=["init"])
-        self.dims, self.init_scheme, self.ensemble, self.lr = [int(n) for n in dims], init, E, lr
+        if task_aligned and not isinstance(scheme, LambdaBalanced):
+            raise ValueError(f"DeepLinearNet: task_aligned = true needs init lambda_balanced, got {type(scheme).__name__}")
+        self.save_hyperparameters()
+        self.dims, self.init_scheme, self.ensemble, self.lr = [int(n) for n in dims], scheme, E, lr
         self.task_aligned, self.seed, self.steps_per_batch = task_aligned, seed, steps_per_batch
         self.automatic_optimization = False
-        self.labels = init.labels(E)
-        ws = init.weights(self.shapes, ensemble=E, generator=torch.Generator().manual_seed(seed))
+        self.labels = scheme.labels(E)
+        ws = scheme.weights(self.shapes, ensemble=E, generator=torch.Generator().manual_seed(seed))
         self.W = nn.ParameterList([nn.Parameter(w) for w in ws])
         self.register_buffer("balance0", self._balance_stack().detach().clone())
 

@@ -53,6 +53,19 @@ def build(name: str, **params: object) -> "InitScheme":
     return REGISTRY[name](**params)  # type: ignore[arg-type]
 
 
+def from_spec(spec: "InitScheme | dict") -> "InitScheme":
+    """The scheme described by ``spec`` (as returned by ``InitScheme.spec``); a scheme passes through."""
+    if isinstance(spec, InitScheme):
+        return spec
+    import importlib
+
+    module, _, name = str(spec["class_path"]).rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, InitScheme)):
+        raise ValueError(f"init: {spec['class_path']!r} is not an init scheme (a subclass of zoo.init.InitScheme)")
+    return cls(**spec.get("init_args", {}))
+
+
 def _as_list(value: Scalars) -> list[float]:
     return [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
 
@@ -64,6 +77,7 @@ class InitScheme:
 
     def __init__(self) -> None:
         self._params: dict[str, list[float]] = {}
+        self._extra: dict[str, object] = {}  # non-numeric constructor arguments (e.g. base)
 
     # -- parameters -------------------------------------------------------------------------
     def _member(self, param: str, value: Scalars, *, allowed: str, ok: Callable[[float], bool]) -> list[float]:
@@ -132,6 +146,12 @@ class InitScheme:
     def _need_layers(self, shapes: list[Shape], n: int) -> None:
         if len(shapes) < n:
             raise ValueError(f"{self.name}: needs at least {n} layers (a body and a readout); got shapes {shapes}")
+
+    def spec(self) -> dict:
+        """Plain-data description ``{class_path, init_args}``: YAML- and checkpoint-safe."""
+        args: dict[str, object] = {k: v[0] if len(v) == 1 else list(v) for k, v in self._params.items()}
+        args.update(self._extra)
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": args}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v[0] if len(v) == 1 else v}" for k, v in self._params.items())
@@ -346,7 +366,7 @@ class EntropyMix(InitScheme):
         self._member("sigma", sigma, allowed="sigma >= 0", ok=lambda v: v >= 0)
         if base not in ("normal", "laplace"):
             raise ValueError(f"{self.name}: parameter 'base' = {base!r}; allowed: 'normal' or 'laplace'")
-        self.base = base
+        self.base = self._extra["base"] = base
 
     def _draw(self, shapes: list[Shape], E: int, generator: torch.Generator | None) -> list[Tensor]:
         gamma, sigma = self.per_member("gamma", E)[:, None, None], self.per_member("sigma", E)[:, None, None]
@@ -401,7 +421,7 @@ class Kaiming(InitScheme):
         self._member("gain", gain, allowed="gain > 0", ok=lambda v: v > 0)
         if mode not in ("fan_in", "fan_out"):
             raise ValueError(f"{self.name}: parameter 'mode' = {mode!r}; allowed: 'fan_in' or 'fan_out'")
-        self.mode = mode
+        self.mode = self._extra["mode"] = mode
 
     def _draw(self, shapes: list[Shape], E: int, generator: torch.Generator | None) -> list[Tensor]:
         gain = self.per_member("gain", E)[:, None, None]
@@ -409,6 +429,6 @@ class Kaiming(InitScheme):
 
 
 __all__ = [
-    "REGISTRY", "register", "build", "InitScheme", "LambdaBalanced", "Polar", "Gain", "Imbalance",
+    "REGISTRY", "register", "build", "from_spec", "InitScheme", "LambdaBalanced", "Polar", "Gain", "Imbalance",
     "EntropyMix", "Gaussian", "Xavier", "Kaiming", "lambda_balanced_factors", "random_orthogonal",
 ]
