@@ -40,7 +40,7 @@ def loss_and_modes_figure(
     colours = plt.cm.coolwarm(np.linspace(0, 1, max(E, 2)))
     for e in range(E):
         ax.plot(loss_steps, losses[:, e], color=colours[e], label=labels[e])
-    ax.set_yscale("log")
+    # linear scale: rich learning's plateaus and drops are what the eye should catch
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=7, ncol=min(E, 6))

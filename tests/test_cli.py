@@ -78,12 +78,19 @@ def _fake_sdk(tmp_path):
     return tmp_path / "fake_sdk"
 
 
-def test_non_fit_commands_go_to_lightning_sdk_unchanged(in_tmp, monkeypatch):
+@pytest.fixture
+def fake_sdk(in_tmp, monkeypatch):
+    monkeypatch.syspath_prepend(str(_fake_sdk(in_tmp)))
+    yield
+    for name in [m for m in sys.modules if m == "lightning_sdk" or m.startswith("lightning_sdk.")]:
+        del sys.modules[name]
+
+
+def test_non_fit_commands_go_to_lightning_sdk_unchanged(in_tmp, monkeypatch, fake_sdk):
     import json
 
     from zoo.cli import main
 
-    monkeypatch.syspath_prepend(str(_fake_sdk(in_tmp)))
     monkeypatch.setattr(sys, "argv", ["lightning"])
     record = in_tmp / "argv.json"
     monkeypatch.setenv("FAKE_SDK_RECORD", str(record))

@@ -102,7 +102,7 @@ class DeepLinearNet(pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, n_in) shared by all members, or (E, B, n_in). Returns (E, B, n_out)."""
-        h = x
+        h = x.to(self.W[0].dtype)
         for W in self.W:
             h = h @ W.transpose(-1, -2)
         return h
@@ -176,7 +176,7 @@ class DeepLinearNet(pl.LightningModule):
     def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """``1/(2N) sum_i |y_i - y_hat_i|^2`` of every member, (E,)."""
         x, y = batch
-        return 0.5 * (self(x) - y).pow(2).sum(-1).mean(-1)
+        return 0.5 * (self(x) - y.to(self.W[0].dtype)).pow(2).sum(-1).mean(-1)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         opt = self.optimizers()
