@@ -62,3 +62,62 @@ def loss_and_modes_figure(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def curves_figure(
+    path: Path,
+    labels: Sequence[str],
+    steps: np.ndarray,
+    values: np.ndarray,
+    theory: np.ndarray | None = None,
+    ylabel: str = "",
+    title: str = "",
+) -> Path:
+    """Left: one curve per member (values: (T, E)), theory as black dots on top. Right: the
+    final value of each member (simulation and theory), e.g. kernel distance vs lam."""
+    plt = _plt()
+    E = values.shape[1]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.0), dpi=100, gridspec_kw={"width_ratios": [1.6, 1]})
+    colours = plt.cm.coolwarm(np.linspace(0, 1, max(E, 2)))
+    for e in range(E):
+        ax.plot(steps, values[:, e], color=colours[e], lw=2.2, label=labels[e])
+        if theory is not None:
+            ax.plot(steps, theory[:, e], color="k", ls=":", lw=1.0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel + (" (dotted: theory)" if theory is not None else ""))
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    x = np.arange(E)
+    ax2.plot(x, values[-1], "o-", color="tab:blue", label="simulation")
+    if theory is not None:
+        ax2.plot(x, theory[-1], "k+", ms=12, label="theory")
+    ax2.set_xticks(x, labels, rotation=45, fontsize=7)
+    ax2.set_ylabel(f"{ylabel} at step {int(steps[-1])}")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def matrix_grid_figure(path: Path, rows: Sequence[str], cols: Sequence[str], mats: list[list[np.ndarray | None]],
+                       title: str = "") -> Path:
+    """A grid of heatmaps: ``mats[r][c]`` (None leaves the cell empty); each on its own colour scale."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.4 * len(cols), 2.2 * len(rows)), dpi=100, squeeze=False)
+    for r, row in enumerate(rows):
+        for c, col in enumerate(cols):
+            ax, M = axes[r][c], mats[r][c]
+            ax.set_xticks([]), ax.set_yticks([])
+            if M is not None:
+                vmax = float(np.abs(M).max()) or 1.0
+                ax.imshow(M, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+            if r == 0:
+                ax.set_title(col, fontsize=8)
+            if c == 0:
+                ax.set_ylabel(row, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

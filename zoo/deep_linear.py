@@ -41,6 +41,9 @@ class DeepLinearNet(pl.LightningModule):
         task_aligned: start from a map that shares the task's singular vectors,
             ``W_L...W_1 = U diag(a0) V^T`` with every mode at strength ``a0 = init.scale``
             (needs a ``lambda_balanced`` init); the regime of [L] Thm. 5.1 / ``SingularValues``.
+        reversed_modes: with ``task_aligned``, start these modes at ``-a0`` instead: the initial
+            map shares the task's singular vectors but with those left vectors reversed, the
+            reversal-learning setting of [L] App. D.2 (lam = 0 stalls at the saddle a = 0).
         steps_per_batch: gradient steps per ``training_step`` on the same batch (full-batch GD:
             raise it, e.g. to 10, to cut Lightning's per-step overhead).
         seed: seed of the initial weights (independent of the global seed, so two modules with the
@@ -54,6 +57,7 @@ class DeepLinearNet(pl.LightningModule):
         ensemble: int | None = None,
         lr: float = 0.1,
         task_aligned: bool = False,
+        reversed_modes: list[int] | None = None,
         steps_per_batch: int = 1,
         seed: int = 0,
     ) -> None:
@@ -70,6 +74,8 @@ class DeepLinearNet(pl.LightningModule):
                 f"DeepLinearNet: ensemble = {ensemble} but the init scheme describes {scheme.ensemble_size} members; "
                 "leave ensemble unset or make them agree"
             )
+        if reversed_modes and not task_aligned:
+            raise ValueError("DeepLinearNet: reversed_modes needs task_aligned = true (modes are the task's)")
         if steps_per_batch < 1:
             raise ValueError(f"DeepLinearNet: steps_per_batch = {steps_per_batch}; allowed: a positive integer")
         if task_aligned and not isinstance(scheme, LambdaBalanced):
@@ -77,10 +83,17 @@ class DeepLinearNet(pl.LightningModule):
         self.save_hyperparameters()
         self.dims, self.init_scheme, self.ensemble, self.lr = [int(n) for n in dims], scheme, E, lr
         self.task_aligned, self.seed, self.steps_per_batch = task_aligned, seed, steps_per_batch
+        self.reversed_modes = list(reversed_modes or [])
         self.automatic_optimization = False
         self.labels = scheme.labels(E)
         ws = scheme.weights(self.shapes, ensemble=E, generator=torch.Generator().manual_seed(seed))
         self.W = nn.ParameterList([nn.Parameter(w) for w in ws])
+        self._remember_init()
+
+    def _remember_init(self) -> None:
+        """Buffers of the initial state: the closed forms start from it, and resumes keep it."""
+        for i, W in enumerate(self.W):
+            self.register_buffer(f"W{i}_init", W.detach().clone())
         self.register_buffer("balance0", self._balance_stack().detach().clone())
 
     # -- structure --------------------------------------------------------------------------------
@@ -151,27 +164,86 @@ class DeepLinearNet(pl.LightningModule):
 
         E, k, n_h = self.ensemble, len(modes.s), self.dims[1]
         lam = self.init_scheme.per_member("lam", E)[:, None, None]
-        a0 = self.init_scheme.per_member("scale", E)[:, None, None]
+        a0 = self.init_scheme.per_member("scale", E)[:, None, None] * self._mode_signs(k)
         t = steps.to(torch.float64)[None, :, None]
         s = modes.s.to(torch.float64)[None, None, :]
         tau = 1.0 / (self.lr * modes.c)
-        pred = aligned_singular_value(t, lam=lam, s=s, tau=tau, a0=a0.expand(E, 1, k))
+        pred = aligned_singular_value(t, lam=lam, s=s, tau=tau, a0=a0)
         pred = pred.expand(E, t.shape[1], k).clone()
         pred[..., n_h:] = 0.0
         return pred
+
+    def input_rsm(self) -> Tensor:
+        """Input representational similarity ``W1^T W1`` ([L] Sec. 5), (E, n_in, n_in)."""
+        W1 = self.W[0].detach()
+        return W1.transpose(-1, -2) @ W1
+
+    def output_rsm(self) -> Tensor:
+        """Output representational similarity ``W_L W_L^T`` ([L] Sec. 5), (E, n_out, n_out)."""
+        WL = self.W[-1].detach()
+        return WL @ WL.transpose(-1, -2)
+
+    def ntk(self, x: Tensor) -> Tensor:
+        """Empirical NTK of every member on inputs ``x`` (P, n_in), (E, n_out P, n_out P).
+
+        Output-major layout (row ``o * P + i``), as Braun et al. 2022 and
+        ``zoo.theory.linear.linear_ntk_from_qqt``. Computed by ``zoo.metrics.empirical_ntk``.
+        """
+        from zoo.metrics.ntk import empirical_ntk
+
+        x = x.to(self.W[0])
+        kernels = []
+        for e in range(self.ensemble):  # members are independent: E small kernels, not one E^2 one
+            member = _Member([W[e].detach() for W in self.W])
+            kernels.append(empirical_ntk(member, x, layout="output_major"))
+        return torch.stack(kernels)
+
+    def lam_init(self) -> Tensor | None:
+        """The initial imbalance of each member if the init is lambda-balanced (two layers), else None."""
+        if len(self.W) != 2:
+            return None
+        B = self.balance0[0].double()
+        lam = B.diagonal(dim1=-2, dim2=-1).mean(-1)
+        eye = torch.eye(B.shape[-1], dtype=B.dtype, device=B.device)
+        scale = 1e-4 * (1 + lam.abs().max())
+        return lam if bool(((B - lam[:, None, None] * eye).abs() <= scale).all()) else None
+
+    def predicted_qqt(self, steps: Tensor, sigma_yx: Tensor, c: float = 1.0) -> Tensor | None:
+        """``QQ^T`` at the given steps from the closed form ([L] Thm. 4.3), (E, T, N, N), or None.
+
+        Exact under gradient flow for a two-layer lambda-balanced network from its actual initial
+        weights; ``sigma_yx`` and the input variance ``c`` (``sigma_x = c I``) describe the task.
+        Blocks: ``W1^T W1``, ``(W2 W1)^T`` / ``W2 W1``, ``W2 W2^T`` (see ``zoo.theory.linear``).
+        """
+        lam = self.lam_init()
+        if lam is None:
+            return None
+        from zoo.theory.linear import qqt
+
+        W1, W2 = self.W0_init.double().cpu(), self.W1_init.double().cpu()
+        return qqt(W1, W2, sigma_yx.double().cpu() / c, lam=lam.cpu(), t=steps.double().cpu(),
+                   tau=1.0 / (self.lr * c))
+
+    def _mode_signs(self, k: int) -> Tensor:
+        signs = torch.ones(k, dtype=torch.float64)
+        for i in self.reversed_modes:
+            if not 0 <= i < k:
+                raise ValueError(f"DeepLinearNet: reversed_modes contains {i}; the task has modes 0..{k - 1}")
+            signs[i] = -1.0
+        return signs
 
     # -- training ---------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if self.task_aligned and stage == "fit":
             modes = self.trainer.datamodule.modes()
             E, m = self.ensemble, len(modes.s)
-            a0 = self.init_scheme.per_member("scale", E)
-            product = torch.einsum("ok,ek,ik->eoi", modes.U, a0[:, None].expand(E, m), modes.V)
+            a0 = self.init_scheme.per_member("scale", E)[:, None] * self._mode_signs(m)
+            product = torch.einsum("ok,ek,ik->eoi", modes.U, a0, modes.V)
             ws = self.init_scheme.factor(product, self.shapes, torch.Generator().manual_seed(self.seed))
             with torch.no_grad():
                 for p, w in zip(self.W, ws):
                     p.copy_(w.to(p))
-                self.balance0.copy_(self._balance_stack())
+            self._remember_init()
 
     def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """``1/(2N) sum_i |y_i - y_hat_i|^2`` of every member, (E,)."""
@@ -201,3 +273,16 @@ class DeepLinearNet(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class _Member(nn.Module):
+    """One member's layers as a plain module (for ``torch.func``-based metrics)."""
+
+    def __init__(self, weights: list[Tensor]) -> None:
+        super().__init__()
+        self.W = nn.ParameterList([nn.Parameter(w.clone()) for w in weights])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for W in self.W:
+            x = x @ W.transpose(-1, -2)
+        return x
