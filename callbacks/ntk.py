@@ -99,15 +99,16 @@ class NTKDistance(PeriodicCallback):
             th = kernel_distance(K0_theory, theory[:, 0])
             metrics.update({f"ntk/distance_theory/{lbl}": th[e] for e, lbl in enumerate(pl_module.labels)})
         self.history["steps"].append(g)
-        self.history["distance"].append(dist.numpy())
-        self.history["theory"].append(None if th is None else th.numpy())
+        # tensors, not numpy arrays: callback state must load from checkpoints with weights_only
+        self.history["distance"].append(dist.clone())
+        self.history["theory"].append(None if th is None else th.clone())
         self.log_scalars(trainer, metrics, step=g)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         h = self.history
         if not (self.figure and trainer.is_global_zero and h["steps"]):
             return
-        theory = None if any(t is None for t in h["theory"]) else np.stack(h["theory"])
+        theory = None if any(t is None for t in h["theory"]) else torch.stack(h["theory"]).numpy()
         curves_figure(output_path(trainer, "ntk_distance.png"), pl_module.labels, np.asarray(h["steps"]),
-                      np.stack(h["distance"]), theory, ylabel="kernel distance S(t)",
+                      torch.stack(h["distance"]).numpy(), theory, ylabel="kernel distance S(t)",
                       title="NTK movement: 0 = lazy (kernel fixed), larger = rich")

@@ -68,7 +68,8 @@ class SingularValues(PeriodicCallback):
             return
         if isinstance(outputs, dict) and "member_loss" in outputs:
             self.history["loss_steps"].append(int(outputs.get("loss_step", trainer.global_step - 1)))
-            self.history["losses"].append(outputs["member_loss"].detach().cpu().double().numpy())
+            # tensors, not numpy arrays: callback state must load from checkpoints with weights_only
+            self.history["losses"].append(outputs["member_loss"].detach().cpu().double())
         self._record(trainer, pl_module)
 
     def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -76,7 +77,7 @@ class SingularValues(PeriodicCallback):
         a = pl_module.mode_strengths(m.U, m.V).cpu().double()
         pred = pl_module.predicted_mode_strengths(torch.tensor([g]), m)
         self.history["steps"].append(g)
-        self.history["strengths"].append(a.numpy())
+        self.history["strengths"].append(a.clone())
         metrics = {}
         for e, lbl in enumerate(pl_module.labels):
             for i in range(a.shape[1]):
@@ -96,9 +97,9 @@ class SingularValues(PeriodicCallback):
             output_path(trainer, "singular_values.png"),
             pl_module.labels,
             np.asarray(h["loss_steps"]),
-            np.stack(h["losses"]),
+            torch.stack(h["losses"]).numpy(),
             steps,
-            np.stack(h["strengths"]),
+            torch.stack(h["strengths"]).numpy(),
             dense.numpy() if pred is not None else None,
             pred.transpose(0, 1).numpy() if pred is not None else None,
             targets=self._modes.s.numpy(),

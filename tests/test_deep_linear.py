@@ -106,7 +106,10 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
     def fit(max_steps, ckpt=None, root=tmp_path):
         dm = SemanticHierarchy(batches_per_epoch=25)
         net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-1.0, 1.0], scale=0.01), lr=0.05, seed=3)
-        t = trainer(max_steps, enable_checkpointing=True, default_root_dir=root)
+        from callbacks import SingularValues
+
+        # a stateful callback rides along: its state must load from the checkpoint too
+        t = trainer(max_steps, enable_checkpointing=True, default_root_dir=root, callbacks=[SingularValues(10)])
         t.fit(net, datamodule=dm, ckpt_path=ckpt)
         return net, t
 

@@ -126,6 +126,14 @@ class DeepLinearNet(pl.LightningModule):
         M = self.network_map().detach().to(U.dtype)
         return torch.einsum("ok,eoi,ik->ek", U.to(M.device), M, V.to(M.device))
 
+    def pathway_strengths(self, u: Tensor, v: Tensor) -> Tensor:
+        """Each hidden unit's share ``omega_j = (u^T W2[:, j]) (W1[j, :] v)`` of the map along one
+        task mode ``u s v^T`` ([S] Sec. 3: a unit is a pathway), (E, n_h); two-layer nets only."""
+        if len(self.W) != 2:
+            raise ValueError("pathway_strengths: defined for two-layer networks (dims of length 3)")
+        W1, W2 = self.W[0].detach().double(), self.W[1].detach().double()
+        return torch.einsum("o,eoj->ej", u.double().to(W2.device), W2) * torch.einsum("eji,i->ej", W1, v.double().to(W1.device))
+
     def _balance_stack(self) -> Tensor:
         """``W_{l+1}^T W_{l+1} - W_l W_l^T`` for consecutive layers of equal width, (L-1, E, n, n)."""
         mats = []

@@ -383,6 +383,69 @@ class EntropyMix(InitScheme):
         return out
 
 
+@register("pathway_grid")
+class PathwayGrid(InitScheme):
+    """Two pathways with imbalances (lam1, lam2) on a grid, one ensemble member per grid point
+    ([S] Sec. 3.1, Fig. 3c): the network ``y = h_1 w_1 x + h_2 w_2 x`` (dims ``[1, 2, 1]``) with
+    ``h_i^2 - w_i^2 = lam_i`` and initial strengths ``h_i w_i``: ``omega0`` for both, or
+    Algorithm 1's common input weight ``a0`` (``w_i = a0``, ``h_i = sqrt(lam_i + a0^2)``;
+    the default, with a0 = 1e-3).
+    Member ``i * len(lam2) + j`` has ``(lam1[i], lam2[j])``.
+    """
+
+    def __init__(self, lam1: list[float] = [0.0, 1.0], lam2: list[float] = [0.0, 1.0],
+                 omega0: float | None = None, a0: float | None = None) -> None:
+        super().__init__()
+        if omega0 is None and a0 is None:
+            a0 = 1e-3
+        self._member("lam1", lam1, allowed="finite numbers", ok=lambda v: True)
+        self._member("lam2", lam2, allowed="finite numbers", ok=lambda v: True)
+        if (omega0 is None) == (a0 is None):
+            raise ValueError(f"{self.name}: give exactly one of 'omega0' and 'a0'; got omega0={omega0}, a0={a0}")
+        if omega0 is not None and not omega0 > 0:
+            raise ValueError(f"{self.name}: parameter 'omega0' = {omega0} is out of range; allowed: omega0 > 0")
+        if a0 is not None and not a0 > 0:
+            raise ValueError(f"{self.name}: parameter 'a0' = {a0} is out of range; allowed: a0 > 0")
+        if a0 is not None and min(_as_list(lam1) + _as_list(lam2)) + a0**2 < 0:
+            raise ValueError(f"{self.name}: with a0 = {a0} every lam must be >= -a0^2 (h^2 = lam + a0^2)")
+        self.omega0, self.a0 = omega0, a0
+        self._extra.update(omega0=omega0, a0=a0)
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return len(self._params["lam1"]), len(self._params["lam2"])
+
+    @property
+    def ensemble_size(self) -> int:
+        n1, n2 = self.grid_shape
+        return n1 * n2
+
+    def grid(self) -> tuple[Tensor, Tensor]:
+        """(lam1, lam2) of every member, each (E,)."""
+        l1 = torch.tensor(self._params["lam1"], dtype=torch.float64)
+        l2 = torch.tensor(self._params["lam2"], dtype=torch.float64)
+        L1, L2 = torch.meshgrid(l1, l2, indexing="ij")
+        return L1.flatten(), L2.flatten()
+
+    def labels(self, ensemble: int) -> list[str]:
+        l1, l2 = self.grid()
+        return [f"lam1={a:g},lam2={b:g}" for a, b in zip(l1.tolist(), l2.tolist())]
+
+    def _draw(self, shapes: list[Shape], E: int, generator: torch.Generator | None) -> list[Tensor]:
+        if shapes != [(2, 1), (1, 2)]:
+            raise ValueError(f"{self.name}: fills a [1, 2, 1] network (two scalar pathways); got shapes {shapes}")
+        if E != self.ensemble_size:
+            raise ValueError(f"{self.name}: the grid has {self.ensemble_size} points but the ensemble has {E} members")
+        lam = torch.stack(self.grid(), -1)  # (E, 2)
+        if self.a0 is not None:
+            w = torch.full_like(lam, self.a0)
+            h = torch.sqrt(lam + self.a0**2)
+        else:
+            root = torch.sqrt(lam**2 + 4 * self.omega0**2)
+            h, w = torch.sqrt((root + lam) / 2), torch.sqrt((root - lam) / 2)
+        return [w[:, :, None], h[:, None, :]]
+
+
 # ------------------------------------------------------------------------------------------------
 # plain schemes
 # ------------------------------------------------------------------------------------------------
@@ -430,5 +493,5 @@ class Kaiming(InitScheme):
 
 __all__ = [
     "REGISTRY", "register", "build", "from_spec", "InitScheme", "LambdaBalanced", "Polar", "Gain", "Imbalance",
-    "EntropyMix", "Gaussian", "Xavier", "Kaiming", "lambda_balanced_factors", "random_orthogonal",
+    "EntropyMix", "PathwayGrid", "Gaussian", "Xavier", "Kaiming", "lambda_balanced_factors", "random_orthogonal",
 ]
