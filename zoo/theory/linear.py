@@ -119,7 +119,8 @@ def aligned_singular_value(
 ) -> Tensor:
     """Task-aligned singular value of a lambda-balanced two-layer net ([L] Thm. 5.1).
 
-    Solves ``tau da/dt = sqrt(lam^2 + 4 a^2) (s - a)`` (whitened input, ``s > 0``, ``a0 > 0``;
+    Solves ``tau da/dt = sqrt(lam^2 + 4 a^2) (s - a)`` (whitened input, ``s > 0``, any ``a0``: a
+    negative ``a0`` is a reversed mode, [L] App. D.2, which stalls at the saddle when lam = 0;
     ``a`` depends on ``lam`` only through ``lam^2``). THEORY.md's closed form: ``K = sqrt(lam^2 +
     4 s^2)``, ``u0 = 2 a0 sgn(lam)/(|lam| + sqrt(lam^2 + 4 a0^2))``, ``C = (K + lam + 2 s u0)/(K -
     lam - 2 s u0)``, ``E = C exp(sgn(lam) K t/tau)``, ``u = (K(E - 1) - lam(E + 1))/(2 s (E + 1))``,
@@ -143,7 +144,20 @@ def aligned_singular_value(
     K = torch.sqrt(l * l + 4.0 * s * s)
     g = _inv_g(a0, l, s) * torch.exp(-K * t / tau)
     rich = _aligned_from_g(g, l, s)
-    return torch.where(lam == 0, saxe_mode(t, s=s, d=1.0, tau=tau, a0=a0), rich)
+    return torch.where(lam == 0, _balanced_mode(t, s, tau, a0), rich)
+
+
+def _balanced_mode(t: Tensor, s: Tensor, tau: Tensor, a0: Tensor) -> Tensor:
+    """The lam = 0 mode, ``tau da/dt = 2 |a| (s - a)``, for either sign of ``a0``.
+
+    ``a0 >= 0``: the Saxe sigmoid. ``a0 < 0`` (a reversed mode, [L] App. D.2): with ``b = -a``,
+    ``tau db/dt = -2 b (s + b)``, so ``a(t) = -s |a0| e / (s + |a0| (1 - e))``, ``e = exp(-2 s t/tau)``:
+    the mode decays to the saddle ``a = 0`` and stalls there; it never changes sign.
+    """
+    e = torch.exp(-2.0 * s * t / tau)
+    b0 = (-a0).clamp_min(0.0)
+    reversed_ = -s * b0 * e / (s + b0 * (1.0 - e))
+    return torch.where(a0 < 0, reversed_, saxe_mode(t, s=s, d=1.0, tau=tau, a0=a0.clamp_min(0.0)))
 
 
 def omega(t: Number, *, lam: Number, s: Number, d: Number = 1.0, tau: Number = 1.0,
@@ -329,7 +343,7 @@ def qqt(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number,
     return out.reshape(*batch, T, N, N)
 
 
-_QQT_BLOCK = 1 << 17  # elements per (members x times x n_h x N) intermediate (1 MiB in float64)
+_QQT_BLOCK = 1 << 20  # elements per (members x times x n_h x N) intermediate (8 MiB in float64)
 
 
 def _qqt_block(mu: Tensor, P: Tensor, L: Tensor, t: Tensor, out: Tensor | None = None) -> Tensor:
