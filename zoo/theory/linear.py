@@ -102,7 +102,12 @@ def _inv_g(a: Tensor, l: Tensor, s: Tensor, gap: Tensor | None = None) -> Tensor
     K = torch.sqrt(l * l + 4.0 * s * s)
     r = torch.sqrt(l * l + 4.0 * a * a)
     u = 2.0 * a / (l + r)
-    corr = 1.0 + l * (s + a) / (s * r + a * K)
+    # l (s + a) / (s r + a K) is 0/0 at a = -s (a reversed mode at full strength); there use the
+    # equal form (s r - a K) / (l (s - a)), obtained by multiplying through by (s r - a K)
+    den = s * r + a * K
+    safe = den.abs() > 1e-9 * (s * r + a.abs() * K)
+    alt = (s * r - a * K) / (l * gap)
+    corr = 1.0 + torch.where(safe, l * (s + a) / torch.where(safe, den, torch.ones_like(den)), alt)
     return 4.0 * s * gap * corr / ((K + l + 2.0 * s * u) * (K + l) * (l + r))
 
 
