@@ -8,8 +8,11 @@ INSTALLED = (cd / && $(PYTHON) -c "import sys, os, zoo; sys.exit(os.path.dirname
 
 .PHONY: demo test bench install install-dev
 
+# --no-build-isolation: no download of build tools on machines without network (setuptools is
+# installed first where the environment lacks it)
 install:
-	@$(INSTALLED) || $(PYTHON) -m pip install --no-build-isolation -e .
+	@$(INSTALLED) || { $(PYTHON) -c "import setuptools" 2>/dev/null || $(PYTHON) -m pip install "setuptools>=64"; \
+	  $(PYTHON) -m pip install --no-build-isolation -e .; }
 
 install-dev: install
 	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
