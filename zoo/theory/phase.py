@@ -35,8 +35,9 @@ class PhaseDiagram(NamedTuple):
     ``t_hit_fast``: hitting time ``t1*`` of the fast pathway (the integration window).
     ``t_escape_slow``: the slow pathway's escape time if it were alone (uncoupled, [S] Eq. 15);
     the coupling only slows it down, so ``min_escape_time >= t_escape_slow - t_hit_fast`` ([S] App. B:
-    "the slower pathway will never be quicker than its initial escaping time"). ``omega_slow_max``: the largest slow-pathway singular value reached in the
-    window. ``specialised``: ``min_escape_time > threshold``.
+    "the slower pathway will never be quicker than its initial escaping time").
+    ``omega_slow_max``: the largest slow-pathway singular value reached in the window.
+    ``specialised``: ``min_escape_time > threshold``.
     """
 
     min_escape_time: Tensor
@@ -137,10 +138,11 @@ def phase_diagram(
     lam1, lam2, s, d, tau = torch.broadcast_tensors(lam1, lam2, s, d, tau)
     w1_0, w2_0 = initial_omegas(lam1, lam2, omega0, a0)
     lam1, lam2, s, d, tau, w1_0, w2_0 = torch.broadcast_tensors(lam1, lam2, s, d, tau, w1_0, w2_0)
-    l1, l2 = lam1.abs(), lam2.abs()
     v_hat_ = (0.05 * s / d) if v_hat is None else _tensors(v_hat)[0].to(s)
     v_star_ = (0.01 * s / d) if v_star is None else _tensors(v_star)[0].to(s)
-    v_hat_, v_star_ = torch.broadcast_tensors(v_hat_ + 0 * s, v_star_ + 0 * s)
+    lam1, lam2, s, d, tau, w1_0, w2_0, v_hat_, v_star_ = torch.broadcast_tensors(
+        lam1, lam2, s, d, tau, w1_0, w2_0, v_hat_, v_star_)
+    l1, l2 = lam1.abs(), lam2.abs()
 
     t_hit = hitting_time(v_star_, lam=l1, s=s, d=d, tau=tau, omega0=w1_0).clamp(min=0.0)
     t_hit = torch.nan_to_num(t_hit, nan=0.0)  # omega_1(0) already within v_star of s/d
@@ -151,20 +153,29 @@ def phase_diagram(
     t_half = t_hit[ex] * grid  # (..., 2K+1): t_k at even indices, midpoints at odd
     om1 = omega(t_half, lam=l1[ex], s=s[ex], d=d[ex], tau=tau[ex], omega0=w1_0[ex])
     S_eff = s[ex] - d[ex] * om1  # effective singular value seen by the slow pathway
-    h = (t_hit / K)
+    # RK4 on tau d omega_2/dt = sqrt(lam_2^2 + 4 omega_2^2)(S(t) - d omega_2); time-major and
+    # contiguous so that each step touches contiguous memory
+    S_tm = S_eff.movedim(-1, 0).contiguous()  # (2K+1, ...)
+    l2c = l2.contiguous()
+    dc = d.contiguous()
+    h = (t_hit / K / tau).contiguous()  # step in units of tau
+    half, sixth = 0.5 * h, h / 6.0
 
     def rate(w: Tensor, S: Tensor) -> Tensor:
-        return torch.sqrt(l2 * l2 + 4.0 * w * w) * (S - d * w) / tau
+        # hypot, not sqrt: torch's sqrt/log on CPU go through a VML path that spawns threads for
+        # a few thousand elements, which costs milliseconds per call on a busy machine
+        return torch.hypot(l2c, 2.0 * w).mul_(torch.addcmul(S, dc, w, value=-1.0))
 
-    w = w2_0.clone()
+    w = w2_0.contiguous().clone()
     traj = [w]
     for k in range(K):
-        S0, Sm, S1 = S_eff[..., 2 * k], S_eff[..., 2 * k + 1], S_eff[..., 2 * k + 2]
+        S0, Sm, S1 = S_tm[2 * k], S_tm[2 * k + 1], S_tm[2 * k + 2]
         k1 = rate(w, S0)
-        k2 = rate(w + 0.5 * h * k1, Sm)
-        k3 = rate(w + 0.5 * h * k2, Sm)
-        k4 = rate(w + h * k3, S1)
-        w = w + h / 6.0 * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+        k2 = rate(torch.addcmul(w, half, k1), Sm)
+        k3 = rate(torch.addcmul(w, half, k2), Sm)
+        k4 = rate(torch.addcmul(w, h, k3), S1)
+        incr = k2.add_(k3).mul_(2.0).add_(k1).add_(k4)
+        w = torch.addcmul(w, sixth, incr)
         traj.append(w)
     om2 = torch.stack(traj, dim=-1)  # (..., K+1)
     S_k = S_eff[..., ::2]
