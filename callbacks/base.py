@@ -46,6 +46,19 @@ class PeriodicCallback(pl.Callback):
             raise TypeError(f"this callback needs a module with {', '.join(missing)}(); {type(pl_module).__name__} has none")
 
 
+def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> None:
+    """A TensorBoard CUSTOM SCALARS section ``title`` with one multi-line chart per entry
+    (chart name -> tag regex), e.g. a member's simulated curve and its theory on one plot."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    if not trainer.is_global_zero:
+        return
+    layout = {title: {name: ["Multiline", [regex]] for name, regex in charts.items()}}
+    for lg in trainer.loggers:
+        if isinstance(lg, TensorBoardLogger):
+            lg.experiment.add_custom_scalars(layout)
+
+
 def output_path(trainer: pl.Trainer, name: str) -> Path:
     """A fresh path for ``name`` in the run's log folder; never overwrites an existing file."""
     folder = Path(trainer.log_dir or trainer.default_root_dir)

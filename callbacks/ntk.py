@@ -7,10 +7,9 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path
+from callbacks.base import PeriodicCallback, output_path, overlay_charts
 from callbacks.figures import curves_figure
 
 
@@ -58,11 +57,8 @@ class NTKDistance(PeriodicCallback):
         self._probe = X
         m = dm.modes() if callable(getattr(dm, "modes", None)) else None
         self._task = (dm.sigma_yx, m.c) if m is not None else None
-        if trainer.is_global_zero:
-            layout = {lbl: ["Multiline", [f"ntk/distance(_theory)?/{re.escape(lbl)}$"]] for lbl in pl_module.labels}
-            for lg in trainer.loggers:
-                if isinstance(lg, TensorBoardLogger):
-                    lg.experiment.add_custom_scalars({"NTK kernel distance (simulation vs theory)": layout})
+        overlay_charts(trainer, "NTK kernel distance (simulation vs theory)",
+                       {lbl: f"ntk/distance(_theory)?/{re.escape(lbl)}$" for lbl in pl_module.labels})
 
     def _theory_kernels(self, pl_module, steps: Tensor) -> Tensor | None:
         predict = getattr(pl_module, "predicted_qqt", None)

@@ -7,9 +7,8 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks.base import PeriodicCallback, output_path
+from callbacks.base import PeriodicCallback, output_path, overlay_charts
 from callbacks.figures import loss_and_modes_figure
 
 
@@ -47,17 +46,8 @@ class SingularValues(PeriodicCallback):
         m = dm.modes()
         k = min(self.max_modes, len(m.s))
         self._modes = type(m)(m.U[:, :k], m.s[:k], m.V[:, :k], m.c)
-        if trainer.is_global_zero:
-            layout = {
-                lbl: [
-                    "Multiline",
-                    [f"modes/{re.escape(lbl)}/a\\d+(_theory)?$"],
-                ]
-                for lbl in pl_module.labels
-            }
-            for lg in trainer.loggers:
-                if isinstance(lg, TensorBoardLogger):
-                    lg.experiment.add_custom_scalars({"mode strengths (simulation vs theory)": layout})
+        overlay_charts(trainer, "mode strengths (simulation vs theory)",
+                       {lbl: f"modes/{re.escape(lbl)}/a\\d+(_theory)?$" for lbl in pl_module.labels})
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.history["steps"] or self.history["steps"][-1] != trainer.global_step:
