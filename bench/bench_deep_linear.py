@@ -8,6 +8,7 @@ Full-batch gradient descent on the semantic hierarchy for a 100-member lambda en
 """
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 
@@ -49,6 +50,7 @@ def lightning_path(steps_per_batch: int) -> float:
 
 def main() -> None:
     warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # keep the table readable
     torch.set_num_threads(1)
     base = plain_loop()
     rows = [("plain PyTorch loop", base)]
