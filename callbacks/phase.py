@@ -21,7 +21,7 @@ class PhaseDiagram(pl.Callback):
     agree on whether the network specialised.
     """
 
-    def __init__(self, threshold_steps: float = 1.0, share: float = 0.1) -> None:
+    def __init__(self, threshold_steps: float = 1.0, share: float = 0.05) -> None:
         self.threshold_steps, self.share = threshold_steps, share
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
