@@ -21,18 +21,13 @@ class Balance(PeriodicCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "balance_deviation", "lam_estimate", "balance")
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._scalars(trainer, pl_module)
+    def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._images(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.due(trainer):
-            self._scalars(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._images(trainer, pl_module)
 
-    def _scalars(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         dev, lam = pl_module.balance_deviation(), pl_module.lam_estimate()
         metrics = {}
         for e, lbl in enumerate(pl_module.labels):

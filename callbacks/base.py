@@ -32,6 +32,20 @@ class PeriodicCallback(pl.Callback):
         self._prev_step = g
         return g // self.every_n_steps > prev // self.every_n_steps
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_start(trainer, pl_module)
+        self.on_due(trainer, pl_module, None)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.due(trainer):
+            self.on_due(trainer, pl_module, outputs)
+
+    def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Once, when training starts (before the first ``on_due``)."""
+
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
+        """The callback's work: at the start of training (``outputs`` None) and every n steps."""
+
     @staticmethod
     def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
         step = trainer.global_step if step is None else step

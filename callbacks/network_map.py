@@ -19,18 +19,13 @@ class NetworkMap(PeriodicCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "network_map")
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
         if trainer.is_global_zero and dm is not None and callable(getattr(dm, "modes", None)):
             m = dm.modes()
             log_matrix(trainer, "map/target", dm.sigma_yx / m.c, title="target map sigma_yx / c")
-        self._log(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.due(trainer):
-            self._log(trainer, pl_module)
-
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         if not trainer.is_global_zero:
             return
         M = pl_module.network_map().detach()

@@ -71,20 +71,16 @@ class NTKDistance(PeriodicCallback):
 
         return linear_ntk_from_qqt(Q, self._probe.double(), self._probe.shape[1])  # (E, T, n, n)
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.K0 is None:
+    def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.K0 is None:  # a resumed run keeps the kernel at initialisation from its state
             self.K0 = pl_module.ntk(self._probe).detach().cpu().double()
-        if not self.history["steps"] or self.history["steps"][-1] != trainer.global_step:
-            self._record(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.due(trainer):
-            self._record(trainer, pl_module)
-
-    def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         from zoo.metrics.ntk import kernel_distance
 
         g = trainer.global_step
+        if self.history["steps"] and self.history["steps"][-1] == g:  # resumed at a logged step
+            return
         Kt = pl_module.ntk(self._probe).detach().cpu().double()
         dist = kernel_distance(self.K0, Kt)
         theory = self._theory_kernels(pl_module, torch.tensor([float(g)]))

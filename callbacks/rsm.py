@@ -33,14 +33,7 @@ class RSM(PeriodicCallback):
         n_in = dm.sigma_yx.shape[1]
         return Q[:, 0, :n_in, :n_in], Q[:, 0, n_in:, n_in:]
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._log(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.due(trainer):
-            self._log(trainer, pl_module)
-
-    def _log(self, trainer, pl_module) -> None:
+    def on_due(self, trainer, pl_module, outputs) -> None:
         if not trainer.is_global_zero:
             return
         rin, rout, theory = pl_module.input_rsm(), pl_module.output_rsm(), self._theory(trainer, pl_module)

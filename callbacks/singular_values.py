@@ -49,16 +49,12 @@ class SingularValues(PeriodicCallback):
         overlay_charts(trainer, "mode strengths (simulation vs theory)",
                        {lbl: f"modes/{re.escape(lbl)}/a\\d+(_theory)?$" for lbl in pl_module.labels})
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.history["steps"] or self.history["steps"][-1] != trainer.global_step:
-            self._record(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self.due(trainer):
-            return
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
+        if outputs is None and self.history["steps"] and self.history["steps"][-1] == trainer.global_step:
+            return  # resumed at a logged step
         if isinstance(outputs, dict) and "member_loss" in outputs:
-            self.history["loss_steps"].append(int(outputs.get("loss_step", trainer.global_step - 1)))
             # tensors, not numpy arrays: callback state must load from checkpoints with weights_only
+            self.history["loss_steps"].append(int(outputs.get("loss_step", trainer.global_step - 1)))
             self.history["losses"].append(outputs["member_loss"].detach().cpu().double())
         self._record(trainer, pl_module)
 
