@@ -8,10 +8,12 @@ INSTALLED = (cd / && $(PYTHON) -c "import sys, os, zoo; sys.exit(os.path.dirname
 
 .PHONY: demo test bench install install-dev
 
-# --no-build-isolation: no download of build tools on machines without network (setuptools is
-# installed first where the environment lacks it)
+# --no-build-isolation: no download of build tools on machines without network. setuptools is
+# installed first where the environment lacks it or has one older than 70.1, which cannot build
+# an editable wheel without the separate `wheel` package (Python 3.11's bundled 65.5 cannot).
+SETUPTOOLS_OK = $(PYTHON) -c "import sys, setuptools; sys.exit(tuple(int(v) for v in setuptools.__version__.split('.')[:2]) < (70, 1))" 2>/dev/null
 install:
-	@$(INSTALLED) || { $(PYTHON) -c "import setuptools" 2>/dev/null || $(PYTHON) -m pip install "setuptools>=64"; \
+	@$(INSTALLED) || { $(SETUPTOOLS_OK) || $(PYTHON) -m pip install "setuptools>=70.1"; \
 	  $(PYTHON) -m pip install --no-build-isolation -e .; }
 
 install-dev: install

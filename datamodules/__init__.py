@@ -1,4 +1,5 @@
 """LightningDataModules, deterministic from a seed; synthetic tasks are generated, never downloaded."""
 from datamodules.regression import LinearTask, RankOne, SemanticHierarchy, TaskModes, WhitenedRegression
+from datamodules.teacher_student import TeacherStudent
 
-__all__ = ["LinearTask", "RankOne", "SemanticHierarchy", "TaskModes", "WhitenedRegression"]
+__all__ = ["LinearTask", "RankOne", "SemanticHierarchy", "TaskModes", "TeacherStudent", "WhitenedRegression"]

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "DeepLinearNet": "zoo.deep_linear",
     "DivergenceError": "zoo.divergence",
+    "MultiHeadStudent": "zoo.student",
 }
 
 

@@ -118,6 +118,14 @@ class InitScheme:
             )
         return torch.tensor(values * (ensemble if len(values) == 1 else 1), dtype=torch.float64)
 
+    def member(self, e: int) -> "InitScheme":
+        """The scheme of member ``e`` alone (every list parameter reduced to its ``e``-th value)."""
+        import copy
+
+        one = copy.copy(self)
+        one._params = {k: [v[e] if len(v) > 1 else v[0]] for k, v in self._params.items()}
+        return one
+
     def labels(self, ensemble: int) -> list[str]:
         """Short per-member labels from the varying parameters, e.g. ``['lam=-4', 'lam=0']``."""
         varying = [k for k, v in self._params.items() if len(v) > 1]
@@ -151,7 +159,10 @@ class InitScheme:
         """Plain-data description ``{class_path, init_args}``: YAML- and checkpoint-safe."""
         args: dict[str, object] = {k: v[0] if len(v) == 1 else list(v) for k, v in self._params.items()}
         args.update(self._extra)
-        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": args}
+        # jsonargparse's lazy_instance defaults are dynamic subclasses: name the real class
+        cls = next(c for c in type(self).__mro__
+                   if issubclass(c, InitScheme) and not c.__name__.startswith("LazyInstance_"))
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v[0] if len(v) == 1 else v}" for k, v in self._params.items())

@@ -1,0 +1,394 @@
+"""Two-layer multi-head students trained by online SGD ([S] Sec. 4, Eqs. 6-7; THEORY.md sec. 2).
+
+``y_hat^(t) = h^(t) . phi(lam)``, ``lam = W x / sqrt d``: a shared first layer ``W`` (p, d) and
+one head ``h^(t)`` (p,) per task. The loss of a sample is ``1/2 Delta^2`` with
+``Delta = y_hat^(t) - y``, and SGD on the active task ``t`` is ([S] Eqs. 6-7, the paper's
+``v^(t)`` read as ``h^(t)``)::
+
+    W     <- W     - (eta / sqrt d) Delta (h^(t) * phi'(lam)) x^T
+    h^(t) <- h^(t) - (eta / d)      Delta phi(lam)
+
+(with ``batch_size`` samples per step the step is their mean). Only the active head learns: at
+a switch the old head freezes. Time is ``alpha = steps / d``.
+
+**Ensemble.** ``E`` students with their own initialisation parameters (list-valued scheme
+parameters, or a list of seeds) learn from the same input stream in one fit: ``W`` is
+(E, p, d), the heads (E, n_tasks, p). When the datamodule has ``G`` teacher sets (a list of
+similarities), each initialisation is replicated ``G`` times at setup: member ``e`` learns
+from teacher set ``e mod G``.
+
+**Exact blocked SGD.** Online SGD is sequential, but the input stream is known a block ahead,
+and every update of ``W`` is rank one along an input. Within a block of ``n`` samples, with
+``W_0`` the weights at its start and ``g_m = Delta_m h * phi'(lam_m)`` the update directions,
+``lam_j = W_0 x_j / sqrt d - (eta / d) sum_{m < j} g_m (x_m . x_j)``. So the block precomputes
+``W_0 X^T`` and the Gram matrix ``X X^T`` as matrix products, runs the sequential recursion on
+``E p``-sized vectors only, and applies all updates at the end with one product
+``W <- W_0 - (eta / sqrt d) G^T X``. This is the same arithmetic as step-by-step SGD (up to
+rounding; a test checks it against a plain loop) at a fraction of its memory traffic.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+from jsonargparse import lazy_instance
+from torch import Tensor, nn
+
+from zoo.divergence import check_finite
+from zoo.init import Gaussian, InitScheme, Polar, from_spec
+
+# the update is explicit SGD without a torch optimizer, so Lightning's note about it is noise
+warnings.filterwarnings("ignore", message=r".*`configure_optimizers` returned `None`.*")
+
+Activation = Literal["erf", "relu", "sigmoid", "linear"]
+ACTIVATIONS = ("erf", "relu", "sigmoid", "linear")
+MAX_MEMBER_TAGS = 32
+"""Ensembles up to this size log one loss curve per member; larger ones log the mean."""
+
+
+# ------------------------------------------------------------------------------------------------
+# activations, in the scaled variable the inner loop uses
+# ------------------------------------------------------------------------------------------------
+def _kappa(activation: str) -> float:
+    """The loop works with ``u = kappa * lam`` (erf: ``phi = erf(u)`` with ``u = lam / sqrt 2``)."""
+    return 1.0 / math.sqrt(2.0) if activation == "erf" else 1.0
+
+
+def _dphi_const(activation: str) -> float:
+    """``phi'(lam) = const * _dphi_u(u)``; the constant is folded into the step sizes."""
+    return math.sqrt(2.0 / math.pi) if activation == "erf" else 1.0
+
+
+def _phi_u(activation: str, u: Tensor) -> Tensor:
+    if activation == "erf":
+        return torch.erf(u)
+    if activation == "relu":
+        return torch.relu(u)
+    if activation == "sigmoid":
+        return torch.sigmoid(u)
+    return u
+
+
+def _dphi_u(activation: str, u: Tensor, phi: Tensor) -> Tensor | None:
+    """``phi'(lam) / const`` (None for linear: it is 1)."""
+    if activation == "erf":
+        return torch.exp(-(u * u))
+    if activation == "relu":
+        return (u > 0).to(u.dtype)
+    if activation == "sigmoid":
+        return phi - phi * phi
+    return None
+
+
+def phi(activation: str, lam: Tensor) -> Tensor:
+    """The student's activation ``phi(lam)``: ``erf(lam / sqrt 2)``, ``relu``, ``sigmoid`` or identity."""
+    return _phi_u(activation, lam * _kappa(activation))
+
+
+def _replicate_schemes(scheme: InitScheme, E: int, seeds: list[int] | None, shapes, gen_seed: int) -> Tensor:
+    """Weights of one layer for E members; with per-member seeds, member e is drawn from seeds[e]."""
+    if seeds is None:
+        return scheme.weights(shapes, ensemble=E, generator=torch.Generator().manual_seed(gen_seed))[0]
+    out = []
+    for e in range(E):  # initialisation only: one small draw per member
+        member = scheme.member(e)
+        out.append(member.weights(shapes, ensemble=1, generator=torch.Generator().manual_seed(seeds[e] + gen_seed))[0])
+    return torch.cat(out)
+
+
+class MultiHeadStudent(pl.LightningModule):
+    """A two-layer student with a shared first layer and one readout head per task.
+
+    Args:
+        d: input dimension (must match the datamodule's).
+        p: hidden units.
+        n_tasks: number of heads (must match the datamodule's).
+        activation: ``phi``: ``"erf"`` (``erf(z / sqrt 2)``, the default), ``"relu"``,
+            ``"sigmoid"`` or ``"linear"``.
+        eta: learning rate ([S] Eqs. 6-7: ``W`` steps ``eta / sqrt d``, heads ``eta / d``).
+        init_w: scheme of the first layer; ``gaussian(sigma)`` gives i.i.d. ``N(0, sigma_w^2)``.
+        init_heads: scheme of the heads (one readout of shape (1, p) per task): ``polar(r, theta)``
+            (p = 2), ``gaussian`` or ``entropy_mix``.
+        init_later_heads: scheme of the heads of tasks 2, 3, ... if different from ``init_heads``
+            (e.g. a small second head, [S] Fig. 6; or a second angle, Fig. 11).
+        ensemble: number of initialisations; default: the schemes' list length (or of ``seed``).
+        seed: seed of the initial weights; a list gives member ``e`` its own seed ``seed[e]``.
+        teacher_sets: how many teacher sets each initialisation was replicated for; set at
+            setup from the datamodule (stored so that checkpoints reload); leave at 1.
+    """
+
+    def __init__(
+        self,
+        d: int = 1000,
+        p: int = 2,
+        n_tasks: int = 2,
+        activation: Activation = "erf",
+        eta: float = 1.0,
+        init_w: InitScheme = lazy_instance(Gaussian, sigma=1e-3),
+        init_heads: InitScheme = lazy_instance(Polar, r=1.0, theta=0.0),
+        init_later_heads: InitScheme | None = None,
+        ensemble: int | None = None,
+        seed: int | list[int] = 0,
+        teacher_sets: int = 1,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (("d", d), ("p", p), ("n_tasks", n_tasks), ("teacher_sets", teacher_sets)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name}: {arg} = {value!r}; allowed: a positive integer")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{name}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
+        if not (eta > 0 and math.isfinite(eta)):
+            raise ValueError(f"{name}: eta = {eta}; allowed: a positive number")
+        schemes = {"init_w": from_spec(init_w).checked(), "init_heads": from_spec(init_heads).checked()}
+        if init_later_heads is not None:
+            schemes["init_later_heads"] = from_spec(init_later_heads).checked()
+        seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
+        sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
+        if seeds is not None and len(seeds) > 1:
+            sizes["seed"] = len(seeds)
+        if ensemble is not None:
+            sizes["ensemble"] = ensemble
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"{name}: the ensemble sizes disagree: {sizes}; give lists of one common length (or scalars)")
+        E0 = next(iter(sizes.values()), 1)
+        if E0 < 1:
+            raise ValueError(f"{name}: ensemble = {ensemble}; allowed: a positive integer")
+        if seeds is not None and len(seeds) == 1:
+            seeds = seeds * E0
+        self.save_hyperparameters()
+        for key, scheme in schemes.items():  # plain data: checkpoints load with weights_only
+            self.hparams[key] = scheme.spec()
+        self.d, self.p, self.n_tasks, self.activation, self.eta = int(d), int(p), int(n_tasks), activation, float(eta)
+        self.schemes, self.G = schemes, int(teacher_sets)
+        self.automatic_optimization = False
+        base_seed = 0 if seeds is not None else int(seed)
+        W = _replicate_schemes(schemes["init_w"], E0, seeds, [(self.p, self.d)], base_seed)
+        heads = []
+        for t in range(self.n_tasks):
+            scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
+            heads.append(_replicate_schemes(scheme, E0, seeds, [(1, self.p)], base_seed + 1 + t)[:, 0])
+        self.base_labels = self._labels(E0, seeds)
+        self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
+        self.h = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0), requires_grad=False)
+        self.register_buffer("task", torch.tensor(0))
+        self._remember_init()
+
+    def _labels(self, E: int, seeds: list[int] | None) -> list[str]:
+        parts = [[] for _ in range(E)]
+        for key, scheme in self.schemes.items():
+            varying = [k for k, v in scheme._params.items() if len(v) > 1]
+            for e in range(E):
+                parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme._params[k][e]:.4g}" for k in varying]
+        if seeds is not None and len(set(seeds)) > 1:
+            for e in range(E):
+                parts[e].append(f"seed={seeds[e]}")
+        if E > 1 and not any(parts):
+            return [f"member{e}" for e in range(E)]
+        return [",".join(p) or "member0" for p in parts]
+
+    def _remember_init(self) -> None:
+        """Buffers of the initial weights: the ODE of ``TheoryOverlay`` starts from them."""
+        self.register_buffer("W_init", self.W.detach().clone())
+        self.register_buffer("h_init", self.h.detach().clone())
+
+    # -- structure ----------------------------------------------------------------------------------
+    @property
+    def ensemble(self) -> int:
+        """Number of members ``E`` (initialisations times teacher sets)."""
+        return self.W.shape[0]
+
+    @property
+    def labels(self) -> list[str]:
+        """One label per member, e.g. ``theta=0.3927`` or ``theta=0,gamma=0.5``."""
+        if self.G == 1:
+            return list(self.base_labels)
+        gammas = getattr(self, "gammas", list(range(self.G)))
+        return [f"{b},gamma={g:g}" if b != "member0" else f"gamma={g:g}" for b in self.base_labels for g in gammas]
+
+    @property
+    def teacher_index(self) -> Tensor:
+        """The teacher set of every member, (E,): ``e mod G``."""
+        return torch.arange(self.ensemble, device=self.W.device) % self.G
+
+    def alpha(self, step: int | None = None) -> float:
+        """Time ``alpha = steps / d`` ([S] Sec. 4)."""
+        return (self.global_step if step is None else step) / self.d
+
+    def preactivations(self, x: Tensor) -> Tensor:
+        """``lam = W x / sqrt d`` of every member: x (N, d) -> (E, N, p)."""
+        return x.to(self.W.dtype) @ self.W.transpose(-1, -2) / math.sqrt(self.d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Outputs of every head: x (N, d) -> (E, N, n_tasks)."""
+        return phi(self.activation, self.preactivations(x)) @ self.h.transpose(-1, -2)
+
+    # -- analytic quantities (used by the callbacks) ------------------------------------------------
+    def _member_teachers(self, W_teachers: Tensor) -> Tensor:
+        """Teachers per member, (E, n_tasks, p*, d), from (n_tasks, p*, d) or (G, n_tasks, p*, d)."""
+        WT = torch.as_tensor(W_teachers).to(self.W.device, torch.float64)
+        if WT.dim() == 3:
+            WT = WT.unsqueeze(0)
+        if WT.dim() != 4 or WT.shape[0] not in (1, self.G) or WT.shape[1] != self.n_tasks or WT.shape[-1] != self.d:
+            raise ValueError(
+                f"{type(self).__name__}: W_teachers must be (n_tasks, p*, d) or (G, n_tasks, p*, d) with n_tasks = "
+                f"{self.n_tasks}, G = {self.G}, d = {self.d}; got {tuple(WT.shape)}")
+        return WT[self.teacher_index % WT.shape[0]]
+
+    def order_parameters(self, W_teachers: Tensor, initial: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """``Q = W W^T / d``, ``R^(t) = W W_T^(t)T / d``, ``T^(t,t')`` of every member ([S] Eq. 8).
+
+        Args:
+            W_teachers: the datamodule's ``W_teachers``, (G, n_tasks, p*, d) or (n_tasks, p*, d).
+            initial: use the initial weights instead of the current ones.
+
+        Returns:
+            ``Q`` (E, p, p), ``R`` (E, n_tasks, p, p*), ``T`` (E, n_tasks, n_tasks, p*, p*); float64.
+        """
+        W = (self.W_init if initial else self.W).detach().double()
+        WT = self._member_teachers(W_teachers)
+        Q = W @ W.transpose(-1, -2) / self.d
+        R = torch.einsum("eid,etnd->etin", W, WT) / self.d
+        T = torch.einsum("etnd,esmd->etsnm", WT, WT) / self.d
+        return Q, R, T
+
+    def active_head(self) -> Tensor:
+        """The head of the task being trained, (E, p)."""
+        return self.h.detach()[:, int(self.task)]
+
+    def entropies(self) -> dict[str, Tensor]:
+        """``H_h``, ``H_Q``, ``H_m`` ([S] Eq. 10) of the active head and ``Q``, each (E,)."""
+        from zoo.metrics.overlaps import entropies
+
+        W = self.W.detach().double()
+        return entropies(W @ W.transpose(-1, -2) / self.d, self.active_head().double())
+
+    def test_error(self, x: Tensor, y: Tensor) -> Tensor:
+        """Monte-Carlo generalisation error ``1/2 <Delta^2>`` of every member on every task, (E, n_tasks).
+
+        ``x`` (N, d), ``y`` (N, n_tasks, G) as from ``TeacherStudent.test_set()``.
+        """
+        with torch.no_grad():
+            y_hat = self(x.to(self.W.device))  # (E, N, n_tasks)
+            target = y.to(y_hat).permute(2, 0, 1)[self.teacher_index % y.shape[-1]]
+            return 0.5 * (y_hat - target).pow(2).mean(1)
+
+    def theory_error(self, W_teachers: Tensor, teacher_heads: Tensor, initial: bool = False) -> Tensor:
+        """Generalisation error of every member on every task from its order parameters ([S] Eq. 9),
+        (E, n_tasks); closed forms for erf, relu and linear (``zoo.theory.meanfield``)."""
+        from zoo.theory.meanfield import generalisation_error
+
+        if self.activation == "sigmoid":
+            raise ValueError("theory_error: no closed form for activation 'sigmoid'; use test_error")
+        Q, R, T = self.order_parameters(W_teachers, initial=initial)
+        hT = self._member_heads(teacher_heads)
+        h = (self.h_init if initial else self.h).detach().double()
+        eps = [generalisation_error(Q, R[:, t], T[:, t, t], h[:, t], hT[:, t], self.activation) for t in range(self.n_tasks)]
+        return torch.stack(eps, -1)
+
+    def _member_heads(self, teacher_heads: Tensor) -> Tensor:
+        hT = torch.as_tensor(teacher_heads).to(self.W.device, torch.float64)
+        if hT.dim() == 2:
+            hT = hT.unsqueeze(0)
+        return hT[self.teacher_index % hT.shape[0]]
+
+    # -- training -----------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or stage != "fit":
+            return
+        name = type(self).__name__
+        for attr in ("d", "n_tasks"):
+            if hasattr(dm, attr) and getattr(dm, attr) != getattr(self, attr):
+                raise ValueError(f"{name}: {attr} = {getattr(self, attr)} but the datamodule has {attr} = {getattr(dm, attr)}")
+        G = getattr(dm, "teacher_sets", 1)
+        if G != self.G:
+            if self.G != 1:
+                raise ValueError(f"{name}: teacher_sets = {self.G} but the datamodule has {G} teacher sets")
+            with torch.no_grad():
+                self.W = nn.Parameter(self.W.repeat_interleave(G, 0), requires_grad=False)
+                self.h = nn.Parameter(self.h.repeat_interleave(G, 0), requires_grad=False)
+            self.G = G
+            self.hparams["teacher_sets"] = G
+            self._remember_init()
+        if hasattr(dm, "gammas"):
+            self.gammas = list(dm.gammas)
+
+    def configure_optimizers(self):
+        return None  # the update is the explicit SGD of [S] Eqs. 6-7 (training_step)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        x, y, task = batch["x"], batch["y"], int(batch["task"])
+        if x.dim() != 3 or x.shape[-1] != self.d:
+            raise ValueError(f"{type(self).__name__}: batch 'x' must be (steps, batch_size, d = {self.d}); got {tuple(x.shape)}")
+        if not 0 <= task < self.n_tasks:
+            raise ValueError(f"{type(self).__name__}: batch task {task} but the student has {self.n_tasks} heads")
+        S = x.shape[0]
+        y = y.to(self.W.dtype)[..., self.teacher_index % y.shape[-1]]  # (S, B, E)
+        self.task.fill_(task)
+        Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
+        losses = 0.5 * Delta.pow(2).mean((0, 1))
+        check_finite(losses, step=self.global_step, labels=self.labels,
+                     hint=f"eta = {self.eta} is probably too large (online SGD needs eta of order 1 or less).")
+        self._advance_global_step(S)
+        self.log("loss", losses.mean(), prog_bar=True)
+        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses)})
+        return {"member_loss": losses.detach()}
+
+    def _advance_global_step(self, n: int) -> None:
+        """Count ``n`` SGD steps in ``trainer.global_step`` (the update happens without an optimizer)."""
+        if self._trainer is None:
+            return
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress.total
+        progress.ready += n
+        progress.completed += n
+
+    def _block_size(self, B: int) -> int:
+        """Samples per exact SGD block: the Gram matrix costs ``n d`` per sample, the recursion
+        ``E p n / 2``; around ``E p`` (within [32, 512]) balances them with the products."""
+        n = min(512, max(32, self.ensemble * self.p))
+        return max(1, n // B) * B
+
+    @torch.no_grad()
+    def sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
+        """Run ``S`` SGD steps on head ``task``: x (S, B, d), y (S, B, E). Returns ``Delta`` (S, B, E).
+
+        Exact blocked online SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step.
+        """
+        S, B, d = x.shape
+        E, p = self.ensemble, self.p
+        P, act = E * p, self.activation
+        kappa, const = _kappa(act), _dphi_const(act)
+        W = self.W.data.view(P, d)
+        h = self.h.data[:, task].clone()  # (E, p) contiguous working copy of the active head
+        c_lam = kappa * self.eta * const / (d * B)  # lam correction per unit Gram entry and g
+        c_head = self.eta / (d * B)
+        c_W = self.eta * const / (math.sqrt(d) * B)
+        Xf, Yf = x.reshape(S * B, d), y.reshape(S * B, E)
+        Delta = torch.empty(S * B, E, dtype=x.dtype, device=x.device)
+        nb = self._block_size(B)
+        for a in range(0, S * B, nb):
+            Xb = Xf[a:a + nb]
+            n = Xb.shape[0]
+            U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, P): u at the block's initial weights
+            K = Xb @ Xb.T  # (n, n)
+            Gb = torch.zeros(n, P, dtype=x.dtype, device=x.device)
+            Db = Delta[a:a + n]
+            for j in range(0, n, B):
+                u = torch.addmm(U[j:j + B], K[j:j + B, :j], Gb[:j], alpha=-c_lam).view(B, E, p)
+                f = _phi_u(act, u)
+                torch.sub((f * h).sum(-1), Yf[a + j:a + j + B], out=Db[j:j + B])
+                dl = Db[j:j + B].unsqueeze(-1)
+                df = _dphi_u(act, u, f)
+                g = Gb[j:j + B].view(B, E, p)
+                torch.mul(dl, h, out=g)
+                if df is not None:
+                    g.mul_(df)
+                h.sub_((dl * f).sum(0), alpha=c_head)
+            W.addmm_(Gb.T, Xb, alpha=-c_W)
+        self.h.data[:, task] = h
+        return Delta.view(S, B, E)
