@@ -200,3 +200,17 @@ def test_simulation_follows_the_mean_field_ode_through_a_switch():
     assert sim.shape == ode.shape == (a1 + a2, 2)
     assert ((sim - ode).abs() <= 0.05 * ode + 1e-3).all(), (sim, ode)
     assert ode[a1 - 1, 0] < 0.02 and ode[-1, 0] > 0.05  # task 1 learnt, then partly forgotten
+
+
+def test_grid_makes_the_cartesian_product_of_list_parameters():
+    net = MultiHeadStudent(d=20, init_w=Gaussian(sigma=[0.1, 0.2]), init_heads=Polar(r=[1.0, 2.0], theta=[0.0, 0.3, 0.6]),
+                           seed=[0, 1], grid=True)
+    assert net.ensemble == 24
+    Q = (net.W @ net.W.transpose(-1, -2) / 20).diagonal(dim1=-2, dim2=-1).mean(-1)
+    assert (Q[:12] < Q[12:]).all()  # sigma varies slowest: 0.1 (first 12 members) then 0.2
+    theta = torch.atan2(net.h[:, 0, 1], net.h[:, 0, 0])
+    assert torch.allclose(theta[:6], torch.tensor([0.0, 0.0, 0.3, 0.3, 0.6, 0.6]), atol=1e-6)  # seed fastest
+    assert net.labels[1] == "sigma=0.1,r=1,theta=0,seed=1"
+    assert not torch.equal(net.W[0], net.W[1]) and torch.equal(net.W[0], net.W[2])  # seeds 0, 1, 0
+    again = MultiHeadStudent(**dict(net.hparams))  # hparams hold the lists, not the product
+    assert torch.equal(again.W, net.W)

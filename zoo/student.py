@@ -99,6 +99,27 @@ def _replicate_schemes(scheme: InitScheme, E: int, seeds: list[int] | None, shap
     return torch.cat(out)
 
 
+def _grid(schemes: dict[str, InitScheme], seeds: list[int] | None) -> tuple[dict[str, InitScheme], list[int] | None]:
+    """Schemes (copies) and seeds whose list parameters enumerate the Cartesian product of all lists."""
+    import copy
+    import itertools
+
+    axes = [(key, name, values) for key, sch in schemes.items() for name, values in sch._params.items() if len(values) > 1]
+    if seeds is not None and len(seeds) > 1:
+        axes.append(("seed", "seed", seeds))
+    combos = list(itertools.product(*[values for _, _, values in axes]))
+    out = {key: copy.copy(sch) for key, sch in schemes.items()}
+    for sch in out.values():
+        sch._params = dict(sch._params)
+    for i, (key, name, _) in enumerate(axes):
+        column = [c[i] for c in combos]
+        if key == "seed":
+            seeds = [int(v) for v in column]
+        else:
+            out[key]._params[name] = column
+    return out, seeds
+
+
 class MultiHeadStudent(pl.LightningModule):
     """A two-layer student with a shared first layer and one readout head per task.
 
@@ -116,6 +137,10 @@ class MultiHeadStudent(pl.LightningModule):
             (e.g. a small second head, [S] Fig. 6; or a second angle, Fig. 11).
         ensemble: number of initialisations; default: the schemes' list length (or of ``seed``).
         seed: seed of the initial weights; a list gives member ``e`` its own seed ``seed[e]``.
+        grid: make the ensemble the Cartesian product of every list-valued parameter (of all
+            schemes, and ``seed``) instead of zipping equal-length lists: ``sigma: [a, b]``,
+            ``r: [c, d]``, ``theta: [e, f, g]`` give 12 members (a phase diagram, [S] Fig. 5),
+            ordered with the last-listed parameter varying fastest.
         teacher_sets: how many teacher sets each initialisation was replicated for; set at
             setup from the datamodule (stored so that checkpoints reload); leave at 1.
     """
@@ -132,6 +157,7 @@ class MultiHeadStudent(pl.LightningModule):
         init_later_heads: InitScheme | None = None,
         ensemble: int | None = None,
         seed: int | list[int] = 0,
+        grid: bool = False,
         teacher_sets: int = 1,
     ) -> None:
         super().__init__()
@@ -143,10 +169,18 @@ class MultiHeadStudent(pl.LightningModule):
             raise ValueError(f"{name}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
         if not (eta > 0 and math.isfinite(eta)):
             raise ValueError(f"{name}: eta = {eta}; allowed: a positive number")
-        schemes = {"init_w": from_spec(init_w).checked(), "init_heads": from_spec(init_heads).checked()}
+        schemes = {"init_w": from_spec(init_w), "init_heads": from_spec(init_heads)}
         if init_later_heads is not None:
-            schemes["init_later_heads"] = from_spec(init_later_heads).checked()
+            schemes["init_later_heads"] = from_spec(init_later_heads)
+        for scheme in schemes.values():
+            scheme.spec()  # materialises jsonargparse's lazy defaults
         seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
+        self.save_hyperparameters()
+        for key, scheme in schemes.items():  # plain data: checkpoints load with weights_only
+            self.hparams[key] = scheme.spec()
+        if grid:
+            schemes, seeds = _grid(schemes, seeds)
+        schemes = {key: scheme.checked() for key, scheme in schemes.items()}
         sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
         if seeds is not None and len(seeds) > 1:
             sizes["seed"] = len(seeds)
@@ -159,9 +193,6 @@ class MultiHeadStudent(pl.LightningModule):
             raise ValueError(f"{name}: ensemble = {ensemble}; allowed: a positive integer")
         if seeds is not None and len(seeds) == 1:
             seeds = seeds * E0
-        self.save_hyperparameters()
-        for key, scheme in schemes.items():  # plain data: checkpoints load with weights_only
-            self.hparams[key] = scheme.spec()
         self.d, self.p, self.n_tasks, self.activation, self.eta = int(d), int(p), int(n_tasks), activation, float(eta)
         self.schemes, self.G = schemes, int(teacher_sets)
         self.automatic_optimization = False
