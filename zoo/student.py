@@ -258,7 +258,7 @@ class MultiHeadStudent(pl.LightningModule):
         return phi(self.activation, self.preactivations(x)) @ self.h.transpose(-1, -2)
 
     # -- analytic quantities (used by the callbacks) ------------------------------------------------
-    def _member_teachers(self, W_teachers: Tensor) -> Tensor:
+    def member_teachers(self, W_teachers: Tensor) -> Tensor:
         """Teachers per member, (E, n_tasks, p*, d), from (n_tasks, p*, d) or (G, n_tasks, p*, d)."""
         WT = torch.as_tensor(W_teachers).to(self.W.device, torch.float64)
         if WT.dim() == 3:
@@ -280,7 +280,7 @@ class MultiHeadStudent(pl.LightningModule):
             ``Q`` (E, p, p), ``R`` (E, n_tasks, p, p*), ``T`` (E, n_tasks, n_tasks, p*, p*); float64.
         """
         W = (self.W_init if initial else self.W).detach().double()
-        WT = self._member_teachers(W_teachers)
+        WT = self.member_teachers(W_teachers)
         Q = W @ W.transpose(-1, -2) / self.d
         R = torch.einsum("eid,etnd->etin", W, WT) / self.d
         T = torch.einsum("etnd,esmd->etsnm", WT, WT) / self.d
@@ -315,12 +315,13 @@ class MultiHeadStudent(pl.LightningModule):
         if self.activation == "sigmoid":
             raise ValueError("theory_error: no closed form for activation 'sigmoid'; use test_error")
         Q, R, T = self.order_parameters(W_teachers, initial=initial)
-        hT = self._member_heads(teacher_heads)
+        hT = self.member_teacher_heads(teacher_heads)
         h = (self.h_init if initial else self.h).detach().double()
         eps = [generalisation_error(Q, R[:, t], T[:, t, t], h[:, t], hT[:, t], self.activation) for t in range(self.n_tasks)]
         return torch.stack(eps, -1)
 
-    def _member_heads(self, teacher_heads: Tensor) -> Tensor:
+    def member_teacher_heads(self, teacher_heads: Tensor) -> Tensor:
+        """Teacher heads per member, (E, n_tasks, p*), from (n_tasks, p*) or (G, n_tasks, p*)."""
         hT = torch.as_tensor(teacher_heads).to(self.W.device, torch.float64)
         if hT.dim() == 2:
             hT = hT.unsqueeze(0)
