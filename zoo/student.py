@@ -22,7 +22,8 @@ and every update of ``W`` is rank one along an input. Within a block of ``n`` sa
 ``W_0`` the weights at its start and ``g_m = Delta_m h * phi'(lam_m)`` the update directions,
 ``lam_j = W_0 x_j / sqrt d - (eta / d) sum_{m < j} g_m (x_m . x_j)``. So the block precomputes
 ``W_0 X^T`` and the Gram matrix ``X X^T`` as matrix products, runs the sequential recursion on
-``E p``-sized vectors only, and applies all updates at the end with one product
+the block's pre-activations only (``n x E p`` numbers, not ``E p x d``), and applies all
+updates at the end with one product
 ``W <- W_0 - (eta / sqrt d) G^T X``. This is the same arithmetic as step-by-step SGD (up to
 rounding; a test checks it against a plain loop) at a fraction of its memory traffic.
 """
@@ -380,47 +381,89 @@ class MultiHeadStudent(pl.LightningModule):
         progress.completed += n
 
     def _block_size(self, B: int) -> int:
-        """Samples per exact SGD block: the Gram matrix costs ``n d`` per sample, the recursion
-        ``E p n / 2``; around ``E p`` (within [32, 512]) balances them with the products."""
-        n = min(512, max(32, self.ensemble * self.p))
-        return max(1, n // B) * B
+        """Samples per exact SGD block. The block's products (``W_0 X^T``, ``X X^T``, ``G^T X``)
+        get more efficient and the Python overhead per block smaller as it grows, while the
+        per-step correction grows with it; 128 was fastest for 1 and for 1,024 members
+        (``bench/bench_student.py``)."""
+        return max(1, 128 // B) * B
 
     @torch.no_grad()
     def sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         """Run ``S`` SGD steps on head ``task``: x (S, B, d), y (S, B, E). Returns ``Delta`` (S, B, E).
 
-        Exact blocked online SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step.
+        Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step.
         """
         S, B, d = x.shape
-        E, p = self.ensemble, self.p
-        P, act = E * p, self.activation
-        kappa, const = _kappa(act), _dphi_const(act)
-        W = self.W.data.view(P, d)
+        E = self.ensemble
+        W = self.W.data.view(E * self.p, d)
         h = self.h.data[:, task].clone()  # (E, p) contiguous working copy of the active head
-        c_lam = kappa * self.eta * const / (d * B)  # lam correction per unit Gram entry and g
-        c_head = self.eta / (d * B)
-        c_W = self.eta * const / (math.sqrt(d) * B)
         Xf, Yf = x.reshape(S * B, d), y.reshape(S * B, E)
         Delta = torch.empty(S * B, E, dtype=x.dtype, device=x.device)
         nb = self._block_size(B)
+        block = self._online_block if B == 1 else self._minibatch_block
         for a in range(0, S * B, nb):
-            Xb = Xf[a:a + nb]
-            n = Xb.shape[0]
-            U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, P): u at the block's initial weights
-            K = Xb @ Xb.T  # (n, n)
-            Gb = torch.zeros(n, P, dtype=x.dtype, device=x.device)
-            Db = Delta[a:a + n]
-            for j in range(0, n, B):
-                u = torch.addmm(U[j:j + B], K[j:j + B, :j], Gb[:j], alpha=-c_lam).view(B, E, p)
-                f = _phi_u(act, u)
-                torch.sub((f * h).sum(-1), Yf[a + j:a + j + B], out=Db[j:j + B])
-                dl = Db[j:j + B].unsqueeze(-1)
-                df = _dphi_u(act, u, f)
-                g = Gb[j:j + B].view(B, E, p)
-                torch.mul(dl, h, out=g)
-                if df is not None:
-                    g.mul_(df)
-                h.sub_((dl * f).sum(0), alpha=c_head)
-            W.addmm_(Gb.T, Xb, alpha=-c_W)
+            block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
         self.h.data[:, task] = h
         return Delta.view(S, B, E)
+
+    def _constants(self, B: int) -> tuple[float, float, float, float]:
+        """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``."""
+        act, d = self.activation, self.d
+        kappa, const = _kappa(act), _dphi_const(act)
+        return kappa, kappa * self.eta * const / (d * B), self.eta / (d * B), self.eta * const / (math.sqrt(d) * B)
+
+    def _online_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+        """One block of online SGD (B = 1), in place on ``W`` (E p, d), ``h`` (E, p), ``Db`` (n, E).
+
+        ``U`` holds the block's pre-activations ``u = kappa W X^T / sqrt d``; after step ``j`` the
+        rows of the later samples take the rank-one correction ``-c K[:, j] g_j^T``, so row ``j``
+        is exact when it is read. Every per-step tensor is a view made once per block (unbind).
+        """
+        E, p, act, d = self.ensemble, self.p, self.activation, self.d
+        kappa, c_u, c_head, c_W = self._constants(1)
+        n = Xb.shape[0]
+        U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, E p)
+        K = Xb @ Xb.T
+        Gb = torch.empty(n, E * p, dtype=Xb.dtype, device=Xb.device)
+        u_rows, k_rows, g_rows, g_mats = U.unbind(0), K.unbind(0), Gb.unbind(0), Gb.view(n, E, p).unbind(0)
+        d_rows, d_cols, y_rows = Db.unbind(0), Db.view(n, E, 1).unbind(0), Yb.unbind(0)
+        erf = act == "erf"
+        for j in range(n):
+            u = u_rows[j]
+            f = _phi_u(act, u)
+            fE = f.view(E, p)
+            torch.sub(torch.linalg.vecdot(fE, h), y_rows[j], out=d_rows[j])
+            df = torch.square(u).neg_().exp_() if erf else _dphi_u(act, u, f)
+            gE, dl = g_mats[j], d_cols[j]
+            if df is None:
+                gE.copy_(h)
+            else:
+                torch.mul(h, df.view(E, p), out=gE)
+            gE.mul_(dl)
+            h.addcmul_(fE, dl, value=-c_head)
+            U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
+        W.addmm_(Gb.T, Xb, alpha=-c_W)
+
+    def _minibatch_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+        """One block of minibatch SGD (``B`` samples per step, the mean step), in place.
+
+        ``u_j = u_j(W_0) - c K[j, :j] G[:j]``: the corrections of the earlier steps of the block.
+        """
+        E, p, act, d = self.ensemble, self.p, self.activation, self.d
+        kappa, c_u, c_head, c_W = self._constants(B)
+        n = Xb.shape[0]
+        U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, E p)
+        K = Xb @ Xb.T
+        Gb = torch.zeros(n, E * p, dtype=Xb.dtype, device=Xb.device)
+        for j in range(0, n, B):
+            u = torch.addmm(U[j:j + B], K[j:j + B, :j], Gb[:j], alpha=-c_u).view(B, E, p)
+            f = _phi_u(act, u)
+            torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
+            dl = Db[j:j + B].unsqueeze(-1)
+            df = _dphi_u(act, u, f)
+            g = Gb[j:j + B].view(B, E, p)
+            torch.mul(dl, h, out=g)
+            if df is not None:
+                g.mul_(df)
+            h.sub_((dl * f).sum(0), alpha=c_head)
+        W.addmm_(Gb.T, Xb, alpha=-c_W)
