@@ -214,3 +214,22 @@ def test_grid_makes_the_cartesian_product_of_list_parameters():
     assert not torch.equal(net.W[0], net.W[1]) and torch.equal(net.W[0], net.W[2])  # seeds 0, 1, 0
     again = MultiHeadStudent(**dict(net.hparams))  # hparams hold the lists, not the product
     assert torch.equal(again.W, net.W)
+
+
+def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def make():
+        return TeacherStudent(d=50, num_steps=3000, switch_step=1000, steps_per_batch=250), MultiHeadStudent(d=50)
+
+    dm, net = make()
+    trainer().fit(net, dm)
+    dm1, net1 = make()
+    trainer(enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)]).fit(net1, dm1)
+    ckpt = tmp_path / "epoch=0-step=1500.ckpt"  # in task 2: the stream restarts mid-task
+    assert ckpt.exists()
+    dm2, net2 = make()
+    t2 = trainer()
+    t2.fit(net2, dm2, ckpt_path=ckpt)
+    assert t2.global_step == 3000 and int(net2.task) == 1
+    assert torch.equal(net2.W, net.W) and torch.equal(net2.h, net.h)
