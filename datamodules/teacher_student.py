@@ -246,6 +246,21 @@ class TeacherStudent(pl.LightningDataModule):
             self._pool = (X, self.labels(X))
         return self._pool
 
+    def sample(self, task: int, n: int) -> tuple[Tensor, Tensor]:
+        """``n`` fresh samples of task ``task`` (for a Fisher estimate): x (n, d), y (n, G).
+
+        Drawn from their own seed (never the training stream or the test set), with label
+        noise if ``noise_std > 0``; the same call returns the same samples.
+        """
+        if not 0 <= task < self.n_tasks:
+            raise ValueError(f"TeacherStudent.sample: task = {task}; allowed: 0..{self.n_tasks - 1}")
+        g = torch.Generator().manual_seed(_chunk_seed(self.seed, -3 - task))
+        X = torch.randn(n, self.d, generator=g)
+        y = self._task_labels(X, task)
+        if self.noise_std > 0:
+            y = y + self.noise_std * torch.randn(y.shape, generator=g)
+        return X, y
+
     def test_set(self) -> tuple[Tensor, Tensor]:
         """Held-out ``(x, y)``: x (num_test, d), y (num_test, n_tasks, G) noiseless labels."""
         if self._test is None:

@@ -39,6 +39,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
+from zoo.ewc import EWC, EWCState
 from zoo.init import Gaussian, InitScheme, Polar, from_spec
 
 # the update is explicit SGD without a torch optimizer, so Lightning's note about it is noise
@@ -142,6 +143,10 @@ class MultiHeadStudent(pl.LightningModule):
             schemes, and ``seed``) instead of zipping equal-length lists: ``sigma: [a, b]``,
             ``r: [c, d]``, ``theta: [e, f, g]`` give 12 members (a phase diagram, [S] Fig. 5),
             ordered with the last-listed parameter varying fastest.
+        ewc: elastic weight consolidation of ``W`` ([S] Sec. 4.2.2, :mod:`zoo.ewc`): at the end
+            of each consolidated task the Fisher of ``W`` and its anchor are stored; later SGD
+            steps add ``eta xi F (W - W*)`` to the ``W`` step (so SGD descends ``L_EWC``). With
+            the penalty on, steps run one at a time (the penalty is not rank one).
         teacher_sets: how many teacher sets each initialisation was replicated for; set at
             setup from the datamodule (stored so that checkpoints reload); leave at 1.
     """
@@ -159,6 +164,7 @@ class MultiHeadStudent(pl.LightningModule):
         ensemble: int | None = None,
         seed: int | list[int] = 0,
         grid: bool = False,
+        ewc: EWC | None = None,
         teacher_sets: int = 1,
     ) -> None:
         super().__init__()
@@ -208,6 +214,14 @@ class MultiHeadStudent(pl.LightningModule):
         self.h = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0), requires_grad=False)
         self.register_buffer("task", torch.tensor(0))
         self._remember_init()
+        if isinstance(ewc, dict):  # from a checkpoint's hyperparameters
+            ewc = EWC(**ewc)
+        if ewc is not None:
+            from dataclasses import asdict
+
+            self.hparams["ewc"] = asdict(ewc)
+        self.ewc_config = ewc
+        self.ewc = EWCState({"W": self.W.shape}, ewc) if ewc is not None else None
 
     def _labels(self, E: int, seeds: list[int] | None) -> list[str]:
         parts = [[] for _ in range(E)]
@@ -347,6 +361,11 @@ class MultiHeadStudent(pl.LightningModule):
             self.G = G
             self.hparams["teacher_sets"] = G
             self._remember_init()
+            if self.ewc is not None:
+                self.ewc = EWCState({"W": self.W.shape}, self.ewc_config).to(self.W.device)
+        if self.ewc is not None and not callable(getattr(dm, "sample", None)):
+            raise TypeError(f"{name}: ewc needs a datamodule with sample(task, n) to estimate the Fisher "
+                            "(datamodules.TeacherStudent has one)")
         if hasattr(dm, "gammas"):
             self.gammas = list(dm.gammas)
 
@@ -361,6 +380,8 @@ class MultiHeadStudent(pl.LightningModule):
             raise ValueError(f"{type(self).__name__}: batch task {task} but the student has {self.n_tasks} heads")
         S = x.shape[0]
         y = y.to(self.W.dtype)[..., self.teacher_index % y.shape[-1]]  # (S, B, E)
+        if task != int(self.task):
+            self.on_task_switch(int(self.task), task)
         self.task.fill_(task)
         Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
         losses = 0.5 * Delta.pow(2).mean((0, 1))
@@ -370,7 +391,52 @@ class MultiHeadStudent(pl.LightningModule):
         self.log("loss", losses.mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses)})
+        if self.ewc is not None and self.ewc.active:
+            pen = self.ewc.member_penalty({"W": self.W.detach()})
+            self.log("ewc/penalty", pen.mean())
+            if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+                self.log_dict({f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)})
         return {"member_loss": losses.detach()}
+
+    def on_task_switch(self, old: int, new: int) -> None:
+        """Called at the first step of task ``new``, with the weights at the end of task ``old``:
+        consolidates ``old`` for EWC if configured. Override to add behaviour at a switch."""
+        if self.ewc is None or not self.ewc_config.consolidates(old, self.n_tasks):
+            return
+        x, y = self.trainer.datamodule.sample(old, self.ewc_config.samples)
+        y = y.to(self.W)[..., self.teacher_index % y.shape[-1]]
+        F = self.fisher_W(x.to(self.W), y, old, mode=self.ewc_config.fisher)
+        self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
+        stiff = self.eta * self.ewc.xi * float(self.ewc.fisher("W").max())
+        if stiff >= 2.0:  # explicit SGD on xi/2 F (W - W*)^2 oscillates and grows beyond this
+            raise ValueError(
+                f"{type(self).__name__}: ewc.xi = {self.ewc.xi:g} is too large for SGD: eta * xi * max(F) = {stiff:.3g} "
+                f">= 2 (the largest Fisher entry is {float(self.ewc.fisher('W').max()):.3g}); allowed: "
+                f"xi < {2.0 / (self.eta * float(self.ewc.fisher('W').max())):.3g} at eta = {self.eta:g}")
+        for lg in self.trainer.loggers:
+            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.global_step)
+
+    @torch.no_grad()
+    def fisher_W(self, x: Tensor, y: Tensor, task: int, mode: str = "sampled") -> Tensor:
+        """Diagonal Fisher of ``W`` for head ``task``, per member, (E, p, d) (THEORY.md sec. 2, EWC).
+
+        The per-sample gradient of ``1/2 Delta^2`` is ``Delta h_i phi'(lam_i) x / sqrt d``, so
+        ``F_ik = mean_s (Delta_s h_i phi'(lam_si))^2 x_sk^2 / d``. ``"empirical"`` uses the true
+        labels ``y`` (N, E); ``"sampled"`` takes the expectation over labels from the model's own
+        predictive ``y ~ N(y_hat, 1)``, i.e. ``Delta^2 -> 1`` (exact, no sampling noise).
+        """
+        if mode not in ("sampled", "empirical"):
+            raise ValueError(f"fisher_W: mode = {mode!r}; allowed: 'sampled' or 'empirical'")
+        lam = self.preactivations(x)  # (E, N, p)
+        u = lam * _kappa(self.activation)
+        f = _phi_u(self.activation, u)
+        df = _dphi_u(self.activation, u, f)
+        df = torch.ones_like(u) if df is None else df * _dphi_const(self.activation)
+        a = self.h[:, task, None, :] * df  # (E, N, p): h_i phi'(lam_i)
+        if mode == "empirical":
+            delta = (f * self.h[:, task, None, :]).sum(-1) - y.T  # (E, N)
+            a = a * delta.unsqueeze(-1)
+        return torch.einsum("enp,nd->epd", a.pow(2), x.pow(2)) / (x.shape[0] * self.d)
 
     def _advance_global_step(self, n: int) -> None:
         """Count ``n`` SGD steps in ``trainer.global_step`` (the update happens without an optimizer)."""
@@ -401,6 +467,8 @@ class MultiHeadStudent(pl.LightningModule):
         Delta = torch.empty(S * B, E, dtype=x.dtype, device=x.device)
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
+        if self.ewc is not None and self.ewc.active:
+            block = self._penalised_block
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
         self.h.data[:, task] = h
@@ -443,6 +511,28 @@ class MultiHeadStudent(pl.LightningModule):
             h.addcmul_(fE, dl, value=-c_head)
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
         W.addmm_(Gb.T, Xb, alpha=-c_W)
+
+    def _penalised_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+        """SGD steps on ``L_EWC`` one at a time: ``W`` also decays towards its anchor,
+        ``W <- W - eta xi F (W - W*)``, which is not rank one, so there is no blocking."""
+        E, p, act, d = self.ensemble, self.p, self.activation, self.d
+        kappa, _, c_head, c_W = self._constants(B)
+        F = self.ewc.fisher("W").view(E * p, d)
+        W_star = self.ewc.anchor("W").view(E * p, d)
+        c_pen = self.eta * self.ewc.xi
+        pull = torch.empty_like(W)
+        for j in range(0, Xb.shape[0], B):
+            x = Xb[j:j + B]
+            u = (x @ W.T).mul_(kappa / math.sqrt(d)).view(B, E, p)
+            f = _phi_u(act, u)
+            torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
+            dl = Db[j:j + B].unsqueeze(-1)
+            df = _dphi_u(act, u, f)
+            g = dl * h if df is None else dl * h * df
+            torch.sub(W, W_star, out=pull).mul_(F)
+            W.addmm_(g.view(B, E * p).T, x, alpha=-c_W)
+            W.sub_(pull, alpha=c_pen)
+            h.sub_((dl * f).sum(0), alpha=c_head)
 
     def _minibatch_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """One block of minibatch SGD (``B`` samples per step, the mean step), in place.
