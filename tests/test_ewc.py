@@ -176,3 +176,24 @@ def test_resumed_run_keeps_the_penalty(tmp_path):
     trainer().fit(net2, dm2, ckpt_path=tmp_path / "epoch=0-step=1500.ckpt")
     assert int(net2.ewc.consolidations) == 1  # restored from the checkpoint, not recomputed
     assert torch.equal(net2.W, net.W)
+
+
+def test_per_member_xi_in_a_grid_and_with_teacher_sets():
+    dm = TeacherStudent(d=40, num_steps=2000, switch_step=1000, steps_per_batch=500, gamma=[0.2, 0.8])
+    # seed=[5]: every member draws its W from seed 5, so members are comparable across ensembles
+    net = MultiHeadStudent(d=40, init_heads=Polar(r=1.0, theta=[0.0, 0.7]), ewc=EWC(xi=[0.0, 20.0], samples=300),
+                           grid=True, seed=[5])
+    assert net.base_labels == ["theta=0,xi=0", "theta=0,xi=20", "theta=0.7,xi=0", "theta=0.7,xi=20"]
+    trainer().fit(net, dm)
+    assert net.ensemble == 8 and net.labels[3] == "theta=0,xi=20,gamma=0.8"
+    assert torch.equal(net.ewc.xi, torch.tensor([0.0, 0.0, 20.0, 20.0, 0.0, 0.0, 20.0, 20.0], dtype=torch.float64))
+    # a member with xi = 0 trains as without EWC (same init, stream and teacher); after the switch
+    # it runs step by step instead of blocked, so float32 rounding differs slightly
+    dm2 = TeacherStudent(d=40, num_steps=2000, switch_step=1000, steps_per_batch=500, gamma=[0.2, 0.8])
+    plain = MultiHeadStudent(d=40, init_heads=Polar(r=1.0, theta=[0.0, 0.7]), seed=[5])
+    trainer().fit(plain, dm2)
+    for e_ewc, e_plain in ((0, 0), (1, 1), (4, 2), (5, 3)):
+        assert torch.allclose(net.W[e_ewc], plain.W[e_plain], atol=1e-6)
+    # the penalised members moved less from their anchor during task 2
+    moved = (net.W - net.ewc.anchor("W")).flatten(1).norm(dim=1)
+    assert (moved[[2, 3, 6, 7]] < moved[[0, 1, 4, 5]]).all()

@@ -33,7 +33,8 @@ class EWC:
     """EWC settings.
 
     Args:
-        xi: penalty strength (0 switches the penalty off but still records the Fisher).
+        xi: penalty strength (0 switches the penalty off but still records the Fisher); a list
+            gives each ensemble member its own (the protected parameters' leading dimension).
         tasks: tasks (0-based) whose end consolidates; default every task but the last.
         decay: online EWC's decay of the accumulated Fisher per consolidation, in [0, 1];
             ``None`` sums the Fishers (plain EWC).
@@ -43,15 +44,16 @@ class EWC:
             note that it vanishes where a noiseless teacher is fitted exactly).
     """
 
-    xi: float = 0.0
+    xi: float | list[float] = 0.0
     tasks: list[int] | None = None
     decay: float | None = None
     samples: int = 2000
     fisher: Literal["sampled", "empirical"] = "sampled"
 
     def __post_init__(self) -> None:
-        if not (self.xi >= 0 and self.xi < float("inf")):
-            raise ValueError(f"EWC: xi = {self.xi}; allowed: a finite number >= 0")
+        xis = self.xi if isinstance(self.xi, (list, tuple)) else [self.xi]
+        if not xis or any(not (0 <= float(x) < float("inf")) for x in xis):
+            raise ValueError(f"EWC: xi = {self.xi}; allowed: a finite number >= 0 or a non-empty list of them")
         if self.decay is not None and not 0.0 <= self.decay <= 1.0:
             raise ValueError(f"EWC: decay = {self.decay}; allowed: null (plain EWC) or a number in [0, 1]")
         if int(self.samples) != self.samples or self.samples < 1:
@@ -87,13 +89,27 @@ class EWCState(nn.Module):
         self.register_buffer("consolidations", torch.tensor(0))
 
     @property
-    def xi(self) -> float:
-        return float(self.config.xi)
+    def xi(self) -> float | Tensor:
+        """The strength: a float, or (E,) with one value per ensemble member."""
+        x = self.config.xi
+        if isinstance(x, (list, tuple)):
+            return torch.tensor([float(v) for v in x], dtype=torch.float64, device=self.consolidations.device)
+        return float(x)
+
+    def _xi_like(self, t: Tensor) -> float | Tensor:
+        """``xi`` broadcastable against ``t`` (per-member values along its leading dimension)."""
+        xi = self.xi
+        if isinstance(xi, float):
+            return xi
+        if t.dim() == 0 or t.shape[0] != xi.shape[0]:
+            raise ValueError(f"EWC: {xi.shape[0]} values of xi but the parameter has shape {tuple(t.shape)}")
+        return xi.to(t).view(-1, *([1] * (t.dim() - 1)))
 
     @property
     def active(self) -> bool:
-        """True once a task was consolidated and ``xi > 0``: the penalty is on."""
-        return int(self.consolidations) > 0 and self.xi > 0
+        """True once a task was consolidated and some ``xi > 0``: the penalty is on."""
+        xi = self.xi
+        return int(self.consolidations) > 0 and bool((torch.as_tensor(xi) > 0).any())
 
     def anchor(self, name: str) -> Tensor:
         return getattr(self, f"anchor__{_key(name)}")
@@ -117,25 +133,24 @@ class EWCState(nn.Module):
 
     def penalty(self, params: dict[str, Tensor]) -> Tensor:
         """``xi/2 sum F (W - W*)^2`` over the protected parameters (differentiable; 0 if inactive)."""
-        total = None
+        total = torch.zeros(())
         for n in self.names:
-            term = (self.fisher(n) * (params[n] - self.anchor(n)).pow(2)).sum()
-            total = term if total is None else total + term
-        if total is None:
-            return torch.zeros(())
-        return 0.5 * self.xi * total
+            sq = self.fisher(n) * (params[n] - self.anchor(n)).pow(2)
+            total = total + (self._xi_like(sq) * sq).sum()
+        return 0.5 * total
 
     def member_penalty(self, params: dict[str, Tensor]) -> Tensor:
         """The penalty of every ensemble member (leading dimension of each parameter), (E,)."""
         total = 0.0
         for n in self.names:
-            diff = (self.fisher(n) * (params[n] - self.anchor(n)).pow(2))
-            total = total + diff.flatten(1).sum(1)
-        return 0.5 * self.xi * total
+            sq = self.fisher(n) * (params[n] - self.anchor(n)).pow(2)
+            total = total + (self._xi_like(sq) * sq).flatten(1).sum(1)
+        return 0.5 * total
 
     def gradient(self, name: str, param: Tensor) -> Tensor:
         """``d penalty / d param = xi F (W - W*)``."""
-        return self.xi * self.fisher(name) * (param - self.anchor(name))
+        diff = self.fisher(name) * (param - self.anchor(name))
+        return self._xi_like(diff) * diff
 
     def summary(self) -> dict[str, float]:
         """Summary statistics of the stored Fisher, for logging."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import asdict, replace
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -101,25 +102,26 @@ def _replicate_schemes(scheme: InitScheme, E: int, seeds: list[int] | None, shap
     return torch.cat(out)
 
 
-def _grid(schemes: dict[str, InitScheme], seeds: list[int] | None) -> tuple[dict[str, InitScheme], list[int] | None]:
-    """Schemes (copies) and seeds whose list parameters enumerate the Cartesian product of all lists."""
+def _grid(schemes: dict[str, InitScheme], lists: dict[str, list | None]) -> tuple[dict[str, InitScheme], dict[str, list | None]]:
+    """Schemes (copies) and per-member lists (``seed``, ``xi``) whose list-valued entries
+    enumerate the Cartesian product of all of them (the last-listed varies fastest)."""
     import copy
     import itertools
 
     axes = [(key, name, values) for key, sch in schemes.items() for name, values in sch._params.items() if len(values) > 1]
-    if seeds is not None and len(seeds) > 1:
-        axes.append(("seed", "seed", seeds))
+    axes += [(None, name, values) for name, values in lists.items() if values is not None and len(values) > 1]
     combos = list(itertools.product(*[values for _, _, values in axes]))
     out = {key: copy.copy(sch) for key, sch in schemes.items()}
     for sch in out.values():
         sch._params = dict(sch._params)
+    lists = dict(lists)
     for i, (key, name, _) in enumerate(axes):
         column = [c[i] for c in combos]
-        if key == "seed":
-            seeds = [int(v) for v in column]
+        if key is None:
+            lists[name] = column
         else:
             out[key]._params[name] = column
-    return out, seeds
+    return out, lists
 
 
 class MultiHeadStudent(pl.LightningModule):
@@ -182,15 +184,23 @@ class MultiHeadStudent(pl.LightningModule):
         for scheme in schemes.values():
             scheme.spec()  # materialises jsonargparse's lazy defaults
         seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
+        if isinstance(ewc, dict):  # from a checkpoint's hyperparameters
+            ewc = EWC(**ewc)
+        xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
         self.save_hyperparameters()
         for key, scheme in schemes.items():  # plain data: checkpoints load with weights_only
             self.hparams[key] = scheme.spec()
+        if ewc is not None:
+            self.hparams["ewc"] = asdict(ewc)
         if grid:
-            schemes, seeds = _grid(schemes, seeds)
+            schemes, lists = _grid(schemes, {"seed": seeds, "xi": xis})
+            seeds, xis = lists["seed"], lists["xi"]
         schemes = {key: scheme.checked() for key, scheme in schemes.items()}
         sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
         if seeds is not None and len(seeds) > 1:
             sizes["seed"] = len(seeds)
+        if xis is not None and len(xis) > 1:
+            sizes["ewc.xi"] = len(xis)
         if ensemble is not None:
             sizes["ensemble"] = ensemble
         if len(set(sizes.values())) > 1:
@@ -200,6 +210,7 @@ class MultiHeadStudent(pl.LightningModule):
             raise ValueError(f"{name}: ensemble = {ensemble}; allowed: a positive integer")
         if seeds is not None and len(seeds) == 1:
             seeds = seeds * E0
+        self.xis = xis * E0 if xis is not None and len(xis) == 1 else xis
         self.d, self.p, self.n_tasks, self.activation, self.eta = int(d), int(p), int(n_tasks), activation, float(eta)
         self.schemes, self.G = schemes, int(teacher_sets)
         self.automatic_optimization = False
@@ -209,21 +220,24 @@ class MultiHeadStudent(pl.LightningModule):
         for t in range(self.n_tasks):
             scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
             heads.append(_replicate_schemes(scheme, E0, seeds, [(1, self.p)], base_seed + 1 + t)[:, 0])
-        self.base_labels = self._labels(E0, seeds)
+        self.base_labels = self._labels(E0, seeds, self.xis)
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
         self.h = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0), requires_grad=False)
         self.register_buffer("task", torch.tensor(0))
         self._remember_init()
-        if isinstance(ewc, dict):  # from a checkpoint's hyperparameters
-            ewc = EWC(**ewc)
-        if ewc is not None:
-            from dataclasses import asdict
-
-            self.hparams["ewc"] = asdict(ewc)
         self.ewc_config = ewc
-        self.ewc = EWCState({"W": self.W.shape}, ewc) if ewc is not None else None
+        self.ewc = self._ewc_state()
 
-    def _labels(self, E: int, seeds: list[int] | None) -> list[str]:
+    def _ewc_state(self) -> EWCState | None:
+        """Buffers for EWC of ``W``, with one ``xi`` per member if ``xi`` is a list."""
+        if self.ewc_config is None:
+            return None
+        config = self.ewc_config
+        if self.xis is not None:  # per initialisation, replicated per teacher set like the weights
+            config = replace(config, xi=[x for x in self.xis for _ in range(self.G)])
+        return EWCState({"W": self.W.shape}, config).to(self.W.device)
+
+    def _labels(self, E: int, seeds: list[int] | None, xis: list[float] | None = None) -> list[str]:
         parts = [[] for _ in range(E)]
         for key, scheme in self.schemes.items():
             varying = [k for k, v in scheme._params.items() if len(v) > 1]
@@ -232,6 +246,9 @@ class MultiHeadStudent(pl.LightningModule):
         if seeds is not None and len(set(seeds)) > 1:
             for e in range(E):
                 parts[e].append(f"seed={seeds[e]}")
+        if xis is not None and len(set(xis)) > 1:
+            for e in range(E):
+                parts[e].append(f"xi={xis[e]:g}")
         if E > 1 and not any(parts):
             return [f"member{e}" for e in range(E)]
         return [",".join(p) or "member0" for p in parts]
@@ -362,7 +379,7 @@ class MultiHeadStudent(pl.LightningModule):
             self.hparams["teacher_sets"] = G
             self._remember_init()
             if self.ewc is not None:
-                self.ewc = EWCState({"W": self.W.shape}, self.ewc_config).to(self.W.device)
+                self.ewc = self._ewc_state()
         if self.ewc is not None and not callable(getattr(dm, "sample", None)):
             raise TypeError(f"{name}: ewc needs a datamodule with sample(task, n) to estimate the Fisher "
                             "(datamodules.TeacherStudent has one)")
@@ -407,12 +424,15 @@ class MultiHeadStudent(pl.LightningModule):
         y = y.to(self.W)[..., self.teacher_index % y.shape[-1]]
         F = self.fisher_W(x.to(self.W), y, old, mode=self.ewc_config.fisher)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        stiff = self.eta * self.ewc.xi * float(self.ewc.fisher("W").max())
-        if stiff >= 2.0:  # explicit SGD on xi/2 F (W - W*)^2 oscillates and grows beyond this
+        F_max = self.ewc.fisher("W").flatten(1).amax(1).double().cpu()  # (E,)
+        xi = torch.as_tensor(self.ewc.xi, dtype=torch.float64).cpu().expand(self.ensemble)
+        stiff = self.eta * xi * F_max
+        if bool((stiff >= 2.0).any()):  # explicit SGD on xi/2 F (W - W*)^2 oscillates and grows beyond this
+            e = int(stiff.argmax())
             raise ValueError(
-                f"{type(self).__name__}: ewc.xi = {self.ewc.xi:g} is too large for SGD: eta * xi * max(F) = {stiff:.3g} "
-                f">= 2 (the largest Fisher entry is {float(self.ewc.fisher('W').max()):.3g}); allowed: "
-                f"xi < {2.0 / (self.eta * float(self.ewc.fisher('W').max())):.3g} at eta = {self.eta:g}")
+                f"{type(self).__name__}: ewc.xi = {float(xi[e]):g} is too large for SGD ({self.labels[e]}): "
+                f"eta * xi * max(F) = {float(stiff[e]):.3g} >= 2 (the largest Fisher entry is {float(F_max[e]):.3g}); "
+                f"allowed: xi < {2.0 / (self.eta * float(F_max[e])):.3g} at eta = {self.eta:g}")
         for lg in self.trainer.loggers:
             lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.global_step)
 
@@ -519,7 +539,8 @@ class MultiHeadStudent(pl.LightningModule):
         kappa, _, c_head, c_W = self._constants(B)
         F = self.ewc.fisher("W").view(E * p, d)
         W_star = self.ewc.anchor("W").view(E * p, d)
-        c_pen = self.eta * self.ewc.xi
+        xi = self.ewc.xi
+        c_pen = self.eta * (xi if isinstance(xi, float) else xi.to(W).repeat_interleave(p)[:, None])
         pull = torch.empty_like(W)
         for j in range(0, Xb.shape[0], B):
             x = Xb[j:j + B]
@@ -529,9 +550,9 @@ class MultiHeadStudent(pl.LightningModule):
             dl = Db[j:j + B].unsqueeze(-1)
             df = _dphi_u(act, u, f)
             g = dl * h if df is None else dl * h * df
-            torch.sub(W, W_star, out=pull).mul_(F)
+            torch.sub(W, W_star, out=pull).mul_(F).mul_(c_pen)
             W.addmm_(g.view(B, E * p).T, x, alpha=-c_W)
-            W.sub_(pull, alpha=c_pen)
+            W.sub_(pull)
             h.sub_((dl * f).sum(0), alpha=c_head)
 
     def _minibatch_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
