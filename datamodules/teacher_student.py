@@ -145,7 +145,7 @@ class TeacherStudent(pl.LightningDataModule):
             raise ValueError(
                 f"{name}: switch_step = {switch_step!r}; allowed: {n_tasks - 1} increasing step(s) strictly "
                 f"between 0 and num_steps = {num_steps} (one per task after the first)")
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the module logs its own; equal keys (seed, activation) may differ
         self.d, self.p_star, self.n_tasks, self.gammas = int(d), int(p_star), int(n_tasks), gammas
         self.readout_similarity, self.activation, self.teacher_head = readout_similarity, activation, teacher_head
         self.switch_steps, self.num_steps, self.batch_size = switches, int(num_steps), int(batch_size)

@@ -233,3 +233,14 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(tmp_p
     t2.fit(net2, dm2, ckpt_path=ckpt)
     assert t2.global_step == 3000 and int(net2.task) == 1
     assert torch.equal(net2.W, net.W) and torch.equal(net2.h, net.h)
+
+
+def test_module_and_data_may_differ_in_seed_and_activation_with_a_logger(tmp_path):
+    """Lightning refuses to log hparams that the module and datamodule both have with different
+    values; the datamodules keep theirs out of the logger (they stay in checkpoints)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    dm = TeacherStudent(d=20, num_steps=400, steps_per_batch=200, seed=3, activation="erf")
+    net = MultiHeadStudent(d=20, seed=[0], activation="relu")
+    trainer(logger=TensorBoardLogger(tmp_path)).fit(net, dm)
+    assert dm.hparams["seed"] == 3 and net.hparams["seed"] == [0]
