@@ -15,6 +15,7 @@ _LAZY = {
     "DeepLinearNet": "zoo.deep_linear",
     "DivergenceError": "zoo.divergence",
     "MultiHeadStudent": "zoo.student",
+    "MultiHeadClassifier": "zoo.classifier",
 }
 
 

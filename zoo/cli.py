@@ -69,6 +69,7 @@ def build_cli(args: list[str] | None = None, *, run: bool = True):
     import callbacks  # noqa: F401
     import datamodules  # noqa: F401
     import zoo.deep_linear  # noqa: F401
+    import zoo.classifier  # noqa: F401
     import zoo.student  # noqa: F401
     import zoo.init  # noqa: F401
 

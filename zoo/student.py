@@ -124,6 +124,26 @@ def _grid(schemes: dict[str, InitScheme], lists: dict[str, list | None]) -> tupl
     return out, lists
 
 
+def member_labels(schemes: dict[str, InitScheme], E: int, seeds: list[int] | None = None,
+                  xis: list[float] | None = None) -> list[str]:
+    """One label per member from the varying parameters, e.g. ``theta=0.3927,xi=1`` (``2`` marks a
+    later head's parameter: ``theta2``)."""
+    parts = [[] for _ in range(E)]
+    for key, scheme in schemes.items():
+        varying = [k for k, v in scheme._params.items() if len(v) > 1]
+        for e in range(E):
+            parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme._params[k][e]:.4g}" for k in varying]
+    if seeds is not None and len(set(seeds)) > 1:
+        for e in range(E):
+            parts[e].append(f"seed={seeds[e]}")
+    if xis is not None and len(set(xis)) > 1:
+        for e in range(E):
+            parts[e].append(f"xi={xis[e]:g}")
+    if E > 1 and not any(parts):
+        return [f"member{e}" for e in range(E)]
+    return [",".join(p) or "member0" for p in parts]
+
+
 class MultiHeadStudent(pl.LightningModule):
     """A two-layer student with a shared first layer and one readout head per task.
 
@@ -220,7 +240,7 @@ class MultiHeadStudent(pl.LightningModule):
         for t in range(self.n_tasks):
             scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
             heads.append(_replicate_schemes(scheme, E0, seeds, [(1, self.p)], base_seed + 1 + t)[:, 0])
-        self.base_labels = self._labels(E0, seeds, self.xis)
+        self.base_labels = member_labels(self.schemes, E0, seeds, self.xis)
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
         self.h = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0), requires_grad=False)
         self.register_buffer("task", torch.tensor(0))
@@ -236,22 +256,6 @@ class MultiHeadStudent(pl.LightningModule):
         if self.xis is not None:  # per initialisation, replicated per teacher set like the weights
             config = replace(config, xi=[x for x in self.xis for _ in range(self.G)])
         return EWCState({"W": self.W.shape}, config).to(self.W.device)
-
-    def _labels(self, E: int, seeds: list[int] | None, xis: list[float] | None = None) -> list[str]:
-        parts = [[] for _ in range(E)]
-        for key, scheme in self.schemes.items():
-            varying = [k for k, v in scheme._params.items() if len(v) > 1]
-            for e in range(E):
-                parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme._params[k][e]:.4g}" for k in varying]
-        if seeds is not None and len(set(seeds)) > 1:
-            for e in range(E):
-                parts[e].append(f"seed={seeds[e]}")
-        if xis is not None and len(set(xis)) > 1:
-            for e in range(E):
-                parts[e].append(f"xi={xis[e]:g}")
-        if E > 1 and not any(parts):
-            return [f"member{e}" for e in range(E)]
-        return [",".join(p) or "member0" for p in parts]
 
     def _remember_init(self) -> None:
         """Buffers of the initial weights: the ODE of ``TheoryOverlay`` starts from them."""
