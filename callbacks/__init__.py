@@ -1,10 +1,18 @@
 """Lightning callbacks: thin wrappers that call ``zoo.metrics`` / module methods and log."""
 from callbacks.balance import Balance
+from callbacks.entropy_phase import EntropyPhaseDiagram
+from callbacks.error_curves import ErrorCurves
+from callbacks.forgetting import Forgetting, ForgettingProfile
 from callbacks.images import log_matrix, matrix_to_image
 from callbacks.network_map import NetworkMap
 from callbacks.ntk import NTKDistance
 from callbacks.phase import PhaseDiagram
 from callbacks.rsm import RSM
 from callbacks.singular_values import SingularValues
+from callbacks.teacher_student import Entropies, OrderParameters, TheoryOverlay
 
-__all__ = ["Balance", "NetworkMap", "NTKDistance", "PhaseDiagram", "RSM", "SingularValues", "log_matrix", "matrix_to_image"]
+__all__ = [
+    "Balance", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile", "NetworkMap",
+    "NTKDistance", "OrderParameters", "PhaseDiagram", "RSM", "SingularValues", "TheoryOverlay", "log_matrix",
+    "matrix_to_image",
+]

@@ -52,12 +52,37 @@ class PeriodicCallback(pl.Callback):
         for logger in trainer.loggers:
             logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
-    @staticmethod
-    def need(pl_module: pl.LightningModule, *methods: str) -> None:
+    def need(self, pl_module: pl.LightningModule, *methods: str) -> None:
         """Fail before training if the module lacks what this callback reads."""
         missing = [m for m in methods if not callable(getattr(pl_module, m, None))]
         if missing:
-            raise TypeError(f"this callback needs a module with {', '.join(missing)}(); {type(pl_module).__name__} has none")
+            raise TypeError(f"{type(self).__name__} needs a module with {', '.join(m + '()' for m in missing)}; "
+                            f"{type(pl_module).__name__} has none")
+
+
+class HistoryCallback(PeriodicCallback):
+    """A periodic callback that records lists under ``HISTORY_KEYS``; the record is saved in
+    checkpoints (tensors and numbers only, so it loads with ``weights_only``) and starts afresh
+    at each ``fit`` before a checkpoint's state is restored."""
+
+    HISTORY_KEYS: tuple[str, ...] = ()
+
+    def __init__(self, every_n_steps: int = 10) -> None:
+        super().__init__(every_n_steps)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.history: dict[str, list] = {k: [] for k in self.HISTORY_KEYS}
+
+    def state_dict(self) -> dict:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = state_dict["history"]
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._reset()
 
 
 def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> None:

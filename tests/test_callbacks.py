@@ -102,5 +102,5 @@ def test_callbacks_refuse_a_module_without_what_they_read(tmp_path):
 
     trainer = pl.Trainer(max_steps=2, logger=False, callbacks=[SingularValues()], enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False)
-    with pytest.raises(TypeError, match="needs a module with mode_strengths"):
+    with pytest.raises(TypeError, match=r"SingularValues needs a module with mode_strengths\(\); Plain has none"):
         trainer.fit(Plain(), datamodule=SemanticHierarchy())

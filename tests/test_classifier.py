@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-import lightning.pytorch as pl
 import pytest
 import torch
 

@@ -1,5 +1,9 @@
 """Metrics as pure functions on tensors: no Lightning (usable from a notebook)."""
+from zoo.metrics.fisher import fisher_diagonal, fisher_summary, select_parameters
 from zoo.metrics.ntk import empirical_ntk, kernel_distance, linear_ntk
 from zoo.metrics.overlaps import entropies, forgetting, order_parameters, transfer
 
-__all__ = ["empirical_ntk", "entropies", "forgetting", "kernel_distance", "linear_ntk", "order_parameters", "transfer"]
+__all__ = [
+    "empirical_ntk", "entropies", "fisher_diagonal", "fisher_summary", "forgetting", "kernel_distance",
+    "linear_ntk", "order_parameters", "select_parameters", "transfer",
+]

@@ -1,0 +1,410 @@
+"""Continual learning on MNIST digits with a tunable task similarity ([S] App. G, Fig. 12).
+
+Task 1 classifies 5 of the 10 digits; task 2 classifies 5 digits of which ``k = shared`` are
+task 1's: ``k = 5`` is the same task again, ``k = 0`` the other five digits ([S] App. G: "0
+corresponds to 5 new classes and 5 corresponds to the same 5 classes").
+
+**Which digits, and the label each gets.** A permutation ``pi`` of the digits 0..9 is drawn
+from ``seed``. Task 1 is ``pi[0:5]``, and digit ``pi[i]`` has label ``i``. Task 2 with ``k``
+shared digits is ``pi[0:k] + pi[5:10-k]``: the first ``k`` digits of task 1 *keep their labels*
+``0..k-1`` (so ``k = 5`` is exactly task 1), and labels ``k..4`` go to the first ``5-k`` unused
+digits. The sets are nested: task 2 for ``k`` and for ``k+1`` differ in one digit. Or give
+both lists yourself: ``task_digits=[[0, 1, 2, 3, 4], [0, 1, 5, 6, 7]]`` (label ``i`` = the
+``i``-th digit of each list; ``k`` is their overlap). ``digits[s][t]`` holds the result.
+
+**Several similarities in one fit.** ``shared`` may be a list of ``G`` values, e.g.
+``[0, 1, 2, 3, 4, 5]``: there are then ``G`` data sets, one per ``k``, sharing task 1 (the same
+images in the same order), and batches carry all of them at once, ``x`` (G, B, 784), as
+``zoo.MultiHeadClassifier`` expects (member ``e`` trains on set ``e mod G``): a
+forgetting-vs-similarity profile ([S] Fig. 12) is one run. Set ``g``'s stream equals that of a
+run with ``shared = k_g`` alone.
+
+**Batches** are dicts ``{"x": (B, 784) float32, "y": (B,) int64 in 0..4, "task": () int64,
+"step": () int64}`` (``x`` (G, B, 784), ``y`` (G, B) with several sets): one SGD step each, the
+task index saying which head to train (what a two-layer network with one head per task needs).
+The schedule trains task 1 for ``epochs[0]`` passes over task 1's training images, then task 2
+for ``epochs[1]`` (``steps`` gives step counts directly); both are counted in steps of task 1's
+size, so every set trains the same number of steps. One Lightning epoch is the whole schedule:
+train with ``max_epochs: 1``. Each task's stream is a sequence of seeded permutations of its
+training images, so batch ``s`` is a function of ``(seed, s)`` only and a resumed run continues
+the stream exactly (the loader starts at the trainer's ``global_step``).
+
+**Evaluation.** ``test_set(task)`` gives the task's test images (the MNIST test split) with
+their labels, to measure task 1 while task 2 trains (forgetting); ``fisher_data(task, n)``
+gives ``n`` training samples for an EWC Fisher.
+
+**Pixels**: ``x = pixel / 255``, and with ``normalise`` standardised with the mean and standard
+deviation of all 60,000 training images (0.1307 and 0.3081 for the real MNIST), so that a
+first layer ``W x / sqrt(784)`` with ``W ~ N(0, 1)`` has pre-activations of order one.
+
+**Files.** ``torchvision.datasets.MNIST(root=data_dir)`` reads ``data_dir/MNIST/raw``. With the
+four original ``.gz`` files there it checks their md5 and only extracts them (no network); with
+the extracted ``*-ubyte`` files there it reads them directly (that is how unit tests pass tiny
+IDX files). Missing or corrupt files are a clear error before torchvision is called, so nothing
+waits on a download that cannot happen; ``download=True`` lets torchvision fetch the files.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+N_DIGITS, PER_TASK = 10, 5
+# torchvision's own list of the original files and their md5 (checked here before calling it)
+_FILES = {
+    "train-images-idx3-ubyte": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+_HOW_TO_GET = (
+    "Put the four original MNIST files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) in that folder: offline, copy them from the "
+    "project's shared data (`cp -r ../shared/data/MNIST <data_dir>/`; the shared folder is read-only, so "
+    "point data_dir at a writable copy); online, pass download=True to let torchvision fetch them.")
+
+
+def _seed(seed: int, *keys: int) -> int:
+    # distinct, reproducible seeds per purpose (digits, permutation j of a stream, Fisher samples)
+    s = int(seed)
+    for k in keys:
+        s = (s * 1_000_003 + 7919 * (int(k) + 11)) % (2**63 - 1)
+    return s
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_mnist(data_dir: str | os.PathLike, download: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
+    """MNIST from ``data_dir/MNIST/raw`` via torchvision: ``{"train": (images, digits), "test": ...}``
+    with images (n, 28, 28) uint8 and digits (n,) int64.
+
+    Raises ``FileNotFoundError`` (naming the folder and how to get the files) if they are
+    missing, ``RuntimeError`` if they are corrupt, unreadable or the folder is read-only.
+    """
+    from torchvision.datasets import MNIST  # torchvision is imported only when data is read
+
+    root = Path(data_dir).expanduser()
+    raw = root / "MNIST" / "raw"
+    extracted = all((raw / f).is_file() for f in _FILES)
+    if not extracted:
+        # torchvision extracts all four .gz files (or downloads what is missing or fails its md5)
+        missing = [f + ".gz" for f in _FILES if not (raw / (f + ".gz")).is_file()]
+        if missing and not download:
+            raise FileNotFoundError(f"MNISTContinual: no MNIST files {missing} in {raw.resolve()} (looked for the "
+                                    f"original .gz files and for all four extracted *-ubyte files). {_HOW_TO_GET}")
+        if not download:
+            for f, md5 in _FILES.items():
+                got = _md5(raw / (f + ".gz"))
+                if got != md5:
+                    raise RuntimeError(
+                        f"MNISTContinual: {raw.resolve() / (f + '.gz')} is corrupt or not the original file "
+                        f"(md5 {got}, expected {md5}). Replace it with the original. {_HOW_TO_GET}")
+        writable = raw if raw.is_dir() else next((p for p in raw.parents if p.is_dir()), root)
+        if not os.access(writable, os.W_OK):
+            raise RuntimeError(
+                f"MNISTContinual: {writable.resolve()} is read-only, but torchvision writes the extracted files "
+                "into MNIST/raw; copy the MNIST folder to a writable place and point data_dir there "
+                "(e.g. `mkdir -p /tmp/mnist && cp -r ../shared/data/MNIST /tmp/mnist/` and data_dir: /tmp/mnist).")
+    out = {}
+    for split, train in (("train", True), ("test", False)):
+        try:
+            ds = MNIST(root=str(root), train=train, download=not extracted)
+        except Exception as e:  # torchvision's asserts, URLError, RuntimeError, OSError, ...
+            raise RuntimeError(
+                f"MNISTContinual: torchvision could not read MNIST from {raw.resolve()}: {type(e).__name__}: {e}. "
+                "If the extracted *-ubyte files there are truncated or corrupt, delete them (they are re-extracted "
+                f"from the .gz files). {_HOW_TO_GET}") from e
+        images, digits = ds.data, ds.targets.long()
+        if (images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or images.dtype != torch.uint8
+                or digits.shape != (images.shape[0],) or images.shape[0] == 0
+                or int(digits.min()) < 0 or int(digits.max()) >= N_DIGITS):
+            raise RuntimeError(
+                f"MNISTContinual: the {split} files in {raw.resolve()} do not hold MNIST: images "
+                f"{tuple(images.shape)} {images.dtype}, labels {tuple(digits.shape)} (expected (n, 28, 28) uint8 "
+                f"images and n labels in 0..9). {_HOW_TO_GET}")
+        out[split] = (images, digits)
+    return out
+
+
+class _Steps(Dataset):
+    """Batches ``start, start+1, ...`` of the schedule (one per SGD step)."""
+
+    def __init__(self, dm: "MNISTContinual", start: int) -> None:
+        self.dm, self.start = dm, start
+
+    def __len__(self) -> int:
+        return self.dm.num_steps - self.start
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return self.dm.batch(self.start + i)
+
+
+class MNISTContinual(pl.LightningDataModule):
+    """Two 5-digit MNIST classification tasks sharing ``k`` digits ([S] App. G).
+
+    Args:
+        data_dir: the folder holding ``MNIST/raw`` (writable if only the ``.gz`` files are there).
+        shared: ``k``, how many of task 2's 5 digits are task 1's, in 0..5; a list gives one data
+            set per value (see the module docstring). Required unless ``task_digits`` is given.
+        task_digits: both tasks' digits in label order, ``[[5 digits], [5 digits]]``; default
+            drawn from ``seed``.
+        batch_size: samples per SGD step.
+        epochs: passes over task 1's training images, per task (a number: the same for both).
+        steps: SGD steps per task (one number or one per task); overrides ``epochs``.
+        num_test: test samples per task (the first ones of the MNIST test split); default all,
+            and with several sets the smallest set's size, so every set has the same count.
+        seed: seed of the digits, the training streams and the Fisher samples.
+        num_workers: DataLoader workers.
+        normalise: standardise pixels with the training set's mean and std (else ``pixel/255``).
+        download: let torchvision download missing files (needs internet; default: an error).
+    """
+
+    n_tasks = 2
+
+    def __init__(
+        self,
+        data_dir: str = "data",
+        shared: int | list[int] | None = None,
+        task_digits: list[list[int]] | None = None,
+        batch_size: int = 64,
+        epochs: float | list[float] = 1.0,
+        steps: int | list[int] | None = None,
+        num_test: int | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+        normalise: bool = True,
+        download: bool = False,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (("batch_size", batch_size), ("num_test", num_test)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"{name}: {arg} = {value!r}; allowed: a positive integer")
+        if isinstance(num_workers, bool) or int(num_workers) != num_workers or num_workers < 0:
+            raise ValueError(f"{name}: num_workers = {num_workers!r}; allowed: an integer >= 0")
+        per_task = lambda v: list(v) if isinstance(v, (list, tuple)) else [v] * self.n_tasks  # noqa: E731
+        if steps is not None:
+            steps_l = per_task(steps)
+            if len(steps_l) != self.n_tasks or any(isinstance(s, bool) or int(s) != s or s < 1 for s in steps_l):
+                raise ValueError(f"{name}: steps = {steps!r}; allowed: a positive integer or a list of "
+                                 f"{self.n_tasks} of them (one per task)")
+        epochs_l = per_task(epochs)
+        if len(epochs_l) != self.n_tasks or any(not (float(e) > 0 and math.isfinite(float(e))) for e in epochs_l):
+            raise ValueError(f"{name}: epochs = {epochs!r}; allowed: a positive number or a list of "
+                             f"{self.n_tasks} of them (one per task)")
+        self.digits, self.shared = self._digit_sets(shared, task_digits, seed)
+        self.save_hyperparameters(logger=False)  # the module logs its own; equal keys (seed) may differ
+        self.data_dir, self.batch_size, self.seed = data_dir, int(batch_size), int(seed)
+        self.epochs, self.steps = [float(e) for e in epochs_l], None if steps is None else [int(s) for s in steps_l]
+        self.num_test, self.num_workers, self.normalise, self.download = num_test, int(num_workers), normalise, download
+        self._data: dict | None = None
+        self._perms: dict[tuple[int, int, int], Tensor] = {}
+
+    # -- which digits -------------------------------------------------------------------------------
+    @staticmethod
+    def _digit_sets(shared, task_digits, seed) -> tuple[list[list[list[int]]], list[int]]:
+        name = "MNISTContinual"
+        if task_digits is not None:
+            lists = [list(d) for d in task_digits] if isinstance(task_digits, (list, tuple)) else []
+            ok = (len(lists) == 2 and all(len(d) == PER_TASK and len(set(d)) == PER_TASK for d in lists)
+                  and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < N_DIGITS
+                          for d in lists for v in d))
+            if not ok:
+                raise ValueError(f"{name}: task_digits = {task_digits!r}; allowed: two lists of 5 distinct digits "
+                                 "in 0..9, each in label order, e.g. [[0, 1, 2, 3, 4], [0, 1, 5, 6, 7]]")
+            k = len(set(lists[0]) & set(lists[1]))
+            if shared is not None and shared != k:
+                raise ValueError(f"{name}: shared = {shared!r} but task_digits {lists} share {k} digits; "
+                                 "give one of them, or shared equal to the overlap")
+            return [lists], [k]
+        if shared is None:
+            raise ValueError(f"{name}: give shared (how many of task 2's digits are task 1's, 0..5, or a list) "
+                             "or task_digits")
+        ks = list(shared) if isinstance(shared, (list, tuple)) else [shared]
+        if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= PER_TASK for k in ks):
+            raise ValueError(f"{name}: shared = {shared!r}; allowed: an integer in 0..5 or a non-empty list of them")
+        pi = torch.randperm(N_DIGITS, generator=torch.Generator().manual_seed(_seed(seed, -1))).tolist()
+        task1 = pi[:PER_TASK]
+        return [[task1, pi[:k] + pi[PER_TASK:N_DIGITS - k]] for k in ks], ks
+
+    @property
+    def data_sets(self) -> int:
+        """``G``, the number of data sets (one per value of ``shared``)."""
+        return len(self.shared)
+
+    @property
+    def set_names(self) -> list[str]:
+        return [f"k={k}" for k in self.shared]
+
+    # -- the data ------------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        self._load()
+
+    def setup(self, stage: str | None = None) -> None:
+        self._load()
+
+    def raw(self, train: bool = True) -> tuple[Tensor, Tensor]:
+        """All of MNIST's ``train`` (or test) split: images (n, 28, 28) uint8, digits (n,) int64."""
+        return self._load()["splits"]["train" if train else "test"]
+
+    def _load(self) -> dict:
+        if self._data is None:
+            splits = load_mnist(self.data_dir, self.download)
+            X, D = splits["train"]
+            pix = X.double() / 255.0
+            mean, std = (float(pix.mean()), float(pix.std())) if self.normalise else (0.0, 1.0)
+            data: dict = {"splits": splits, "mean": mean, "std": std, "index": {}}
+            for split, (_, digits) in splits.items():
+                for s, per_set in enumerate(self.digits):
+                    for t, ds in enumerate(per_set):
+                        idx = torch.cat([torch.nonzero(digits == d).flatten() for d in ds]).sort().values
+                        empty = [d for d in ds if not bool((digits == d).any())]
+                        if empty:
+                            raise RuntimeError(f"MNISTContinual: the {split} split in {self.data_dir} has no image of "
+                                               f"digit(s) {empty}, which task {t + 1} needs")
+                        lut = torch.full((N_DIGITS,), -1, dtype=torch.long)
+                        lut[torch.tensor(ds)] = torch.arange(PER_TASK)
+                        data["index"][split, s, t] = (idx, lut[digits[idx]])  # file order, labels 0..4
+            self._data = data
+        return self._data
+
+    @property
+    def pixel_stats(self) -> tuple[float, float]:
+        """(mean, std) subtracted from and divided into ``pixel / 255``: the training set's, or (0, 1)."""
+        d = self._load()
+        return d["mean"], d["std"]
+
+    def _pixels(self, images: Tensor) -> Tensor:
+        d = self._load()
+        return (images.reshape(*images.shape[:-2], 784).float() / 255.0 - d["mean"]) / d["std"]
+
+    def train_size(self, task: int, set_index: int = 0) -> int:
+        """Training images of ``task`` in data set ``set_index``."""
+        return int(self._load()["index"]["train", set_index, task][0].numel())
+
+    # -- the schedule ---------------------------------------------------------------------------------
+    @property
+    def task_steps(self) -> list[int]:
+        """SGD steps of each task."""
+        if self.steps is not None:
+            return list(self.steps)
+        n1 = self.train_size(0)
+        return [max(1, math.ceil(e * n1 / self.batch_size)) for e in self.epochs]
+
+    @property
+    def switch_steps(self) -> list[int]:
+        """The step at which task 2 starts (a list, as ``TeacherStudent.switch_steps``)."""
+        return [self.task_steps[0]]
+
+    @property
+    def num_steps(self) -> int:
+        return sum(self.task_steps)
+
+    def task_at(self, step: int) -> int:
+        """The task trained at SGD step ``step``."""
+        return sum(step >= s for s in self.switch_steps)
+
+    def _stream(self, task: int, set_index: int, first: int, n: int) -> tuple[Tensor, Tensor]:
+        """Positions ``first .. first+n-1`` of the task's stream: images (n, 28, 28), labels (n,).
+
+        The stream is permutation 0 of the task's training images, then permutation 1, ...; set
+        ``g`` of task 2 is keyed by its ``k``, so it equals a single-set run with that ``k``.
+        """
+        idx, labels = self._load()["index"]["train", set_index, task]
+        N = idx.numel()
+        key = 0 if task == 0 else 1 + self.shared[set_index]
+        pos = torch.arange(first, first + n)
+        out = torch.empty(n, dtype=torch.long)
+        for j in range(first // N, (first + n - 1) // N + 1):
+            perm = self._perm(task, key, j, N)
+            here = (pos // N) == j
+            out[here] = perm[pos[here] % N]
+        images = self._load()["splits"]["train"][0]
+        return images[idx[out]], labels[out]
+
+    def _perm(self, task: int, key: int, j: int, N: int) -> Tensor:
+        """Permutation ``j`` of a stream (a few are cached: a batch needs one, rarely two)."""
+        cache = self._perms
+        if (task, key, j) not in cache:
+            if len(cache) >= 32:
+                cache.pop(next(iter(cache)))
+            g = torch.Generator().manual_seed(_seed(self.seed, task, key, j))
+            cache[task, key, j] = torch.randperm(N, generator=g)
+        return cache[task, key, j]
+
+    def batch(self, step: int) -> dict[str, Tensor]:
+        """The batch of SGD step ``step``: ``{"x", "y", "task", "step"}`` (see the module docstring)."""
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"MNISTContinual: step {step} outside the schedule 0..{self.num_steps - 1}")
+        task = self.task_at(step)
+        local = step - ([0] + self.switch_steps)[task]
+        B, G = self.batch_size, self.data_sets
+        if task == 0:  # the same task in every set: the same images
+            imgs, y = self._stream(0, 0, local * B, B)
+            x = self._pixels(imgs)
+            if G > 1:
+                x, y = x.expand(G, *x.shape), y.expand(G, *y.shape)
+        else:
+            parts = [self._stream(task, s, local * B, B) for s in range(G)]
+            x = torch.stack([self._pixels(p[0]) for p in parts]) if G > 1 else self._pixels(parts[0][0])
+            y = torch.stack([p[1] for p in parts]) if G > 1 else parts[0][1]
+        return {"x": x, "y": y, "task": torch.tensor(task), "step": torch.tensor(step)}
+
+    def train_dataloader(self) -> DataLoader:
+        step = self.trainer.global_step if self.trainer is not None else 0
+        # batch_size=None: the dataset already yields whole batches
+        return DataLoader(_Steps(self, min(step, self.num_steps)), batch_size=None, shuffle=False,
+                          num_workers=self.num_workers)
+
+    # -- evaluation -----------------------------------------------------------------------------------
+    def _check_task(self, task: int, what: str) -> None:
+        if isinstance(task, bool) or int(task) != task or not 0 <= task < self.n_tasks:
+            raise ValueError(f"MNISTContinual.{what}: task = {task!r}; allowed: 0 or 1")
+
+    def test_set(self, task: int) -> tuple[Tensor, Tensor]:
+        """The test images of ``task`` (MNIST's test split, file order) and their labels 0..4:
+        x (N, 784), y (N,); with several sets x (G, N, 784), y (G, N), N the same for all."""
+        self._check_task(task, "test_set")
+        d = self._load()
+        per_set = [d["index"]["test", s, task] for s in range(self.data_sets)]
+        N = min(i.numel() for i, _ in per_set)
+        if self.data_sets == 1:
+            N = per_set[0][0].numel()
+        if self.num_test is not None:
+            N = min(N, self.num_test)
+        images = d["splits"]["test"][0]
+        xs = [self._pixels(images[i[:N]]) for i, _ in per_set]
+        ys = [lab[:N] for _, lab in per_set]
+        return (xs[0], ys[0]) if self.data_sets == 1 else (torch.stack(xs), torch.stack(ys))
+
+    def fisher_data(self, task: int, n: int) -> tuple[Tensor, Tensor]:
+        """``n`` training samples of ``task`` (drawn without replacement from their own seed; at
+        most the smallest set's size): x (n, 784), y (n,), or (G, n, 784), (G, n)."""
+        self._check_task(task, "fisher_data")
+        if isinstance(n, bool) or int(n) != n or n < 1:
+            raise ValueError(f"MNISTContinual.fisher_data: n = {n!r}; allowed: a positive integer")
+        d = self._load()
+        images = d["splits"]["train"][0]
+        xs, ys = [], []
+        sets = range(self.data_sets) if task > 0 else [0] * self.data_sets
+        m = min(n, min(self.train_size(task, s) for s in sets))
+        for s in sets:
+            idx, labels = d["index"]["train", s, task]
+            key = 0 if task == 0 else 1 + self.shared[s]
+            g = torch.Generator().manual_seed(_seed(self.seed, -2, task, key))
+            pick = torch.randperm(idx.numel(), generator=g)[:m]
+            xs.append(self._pixels(images[idx[pick]]))
+            ys.append(labels[pick])
+        return (xs[0], ys[0]) if self.data_sets == 1 else (torch.stack(xs), torch.stack(ys))
