@@ -57,6 +57,28 @@ def test_fisher_equals_a_per_sample_autograd_loop(mode):
     assert torch.allclose(F, expect, atol=1e-12)
 
 
+def test_fisher_agrees_with_the_generic_fisher_diagonal():
+    """The closed form of ``fisher_W`` and ``zoo.metrics.fisher_diagonal`` (vmap of per-sample
+    gradients of any module) are independent computations of the same empirical Fisher."""
+    from zoo.metrics import fisher_diagonal
+
+    net = small(init_heads=EntropyMix(gamma=0.3, sigma=0.5))
+
+    class Head0(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x, 0)[0]  # member 0's logits on head 0
+
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(13, 12, generator=g, dtype=torch.float64), torch.randint(0, 3, (13,), generator=g)
+    F = fisher_diagonal(Head0(net), lambda f, t: torch.nn.functional.cross_entropy(f, t), (x, y),
+                        include="net.W", method="vmap")
+    assert torch.allclose(F["net.W"], net.fisher_W(x, y, task=0, mode="empirical"), atol=1e-12)
+
+
 def test_data_sets_route_each_member_to_its_own_inputs():
     net = small()
     net.G = 2  # as setup does for a datamodule with two data sets
@@ -87,3 +109,16 @@ def test_ewc_penalty_enters_the_loss_gradient():
 def test_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MultiHeadClassifier(**kwargs)
+
+
+def test_ewc_too_stiff_for_sgd_stops_at_the_switch_with_a_message(tmp_path):
+    """lr * xi * max F >= 2 makes SGD on the penalty oscillate and grow: an error, not a NaN run."""
+    from datamodules.mnist import MNISTContinual
+    from tests.conftest import quiet_trainer
+    from tests.test_mnist_continual import tiny_mnist
+
+    dm = MNISTContinual(data_dir=str(tiny_mnist(tmp_path / "data")), shared=2, batch_size=10, steps=[3, 3])
+    net = MultiHeadClassifier(hidden=8, lr=1.0, ewc=EWC(xi=[0.0, 1e12], samples=20))
+    with pytest.raises(ValueError, match=r"ewc.xi = 1e\+12 is too large for SGD \(xi=1e\+12\): lr \* xi \* max\(F\)"):
+        quiet_trainer(tmp_path, [], logger=False).fit(net, dm)
+    assert net.global_step == 3  # task 1 trained, nothing of task 2

@@ -1,15 +1,19 @@
 """Every recipe under recipes/ runs through the CLI on a tiny budget, as a user would run it.
 
 A recipe may carry a header line ``# smoke-test: <extra CLI args>`` to shrink itself further;
-otherwise it runs with ``--trainer.max_steps=3``.
+otherwise it runs with ``--trainer.max_steps=3``. A recipe on real MNIST carries
+``# needs-data: MNIST``: the test copies the shared original files into ``data/`` of its run
+folder, as a user does (README), and is skipped where they are absent.
 """
 from __future__ import annotations
 
 import shlex
+import shutil
 
 import pytest
 
 from tests.conftest import REPO, run_cli
+from tests.test_mnist_continual import SHARED_RAW
 
 RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml"))
 
@@ -27,6 +31,13 @@ def test_there_are_recipes():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(REPO / "recipes")) for p in RECIPES])
 def test_recipe_runs(recipe, in_tmp):
+    if "# needs-data: MNIST" in recipe.read_text():
+        if SHARED_RAW is None:
+            pytest.skip("the real MNIST files (../shared/data/MNIST/raw) are not here")
+        raw = in_tmp / "data" / "MNIST" / "raw"
+        raw.mkdir(parents=True)
+        for f in SHARED_RAW.glob("*.gz"):
+            shutil.copyfile(f, raw / f.name)
     cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *_smoke_args(recipe))
     assert cli.trainer.global_step > 0
     log_dir = cli.trainer.log_dir

@@ -279,6 +279,7 @@ class MultiHeadClassifier(pl.LightningModule):
         x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
         F = self.fisher_W(x.to(self.W.device), y.to(self.W.device), old, mode=self.ewc_config.fisher)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
+        self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
         for lg in self.trainer.loggers:
             lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.global_step)
 

@@ -152,6 +152,20 @@ class EWCState(nn.Module):
         diff = self.fisher(name) * (param - self.anchor(name))
         return self._xi_like(diff) * diff
 
+    def check_step_size(self, step: float, labels: list[str], owner: str, step_name: str = "lr") -> None:
+        """Raise if plain SGD with step size ``step`` on the penalty would oscillate and grow: its
+        update of one weight is ``W - W* <- (1 - step xi F)(W - W*)``, stable only for
+        ``step xi F < 2``. ``labels`` name the members (the parameters' leading dimension)."""
+        F_max = torch.stack([self.fisher(n).flatten(1).amax(1) for n in self.names]).amax(0).double().cpu()  # (E,)
+        xi = torch.as_tensor(self.xi, dtype=torch.float64).cpu().expand(F_max.shape[0])
+        stiff = step * xi * F_max
+        if bool((stiff >= 2.0).any()):
+            e = int(stiff.argmax())
+            raise ValueError(
+                f"{owner}: ewc.xi = {float(xi[e]):g} is too large for SGD ({labels[e]}): "
+                f"{step_name} * xi * max(F) = {float(stiff[e]):.3g} >= 2 (the largest Fisher entry is "
+                f"{float(F_max[e]):.3g}); allowed: xi < {2.0 / (step * float(F_max[e])):.3g} at {step_name} = {step:g}")
+
     def summary(self) -> dict[str, float]:
         """Summary statistics of the stored Fisher, for logging."""
         Fs = torch.cat([self.fisher(n).flatten() for n in self.names]) if self.names else torch.zeros(1)

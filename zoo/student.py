@@ -428,15 +428,7 @@ class MultiHeadStudent(pl.LightningModule):
         y = y.to(self.W)[..., self.teacher_index % y.shape[-1]]
         F = self.fisher_W(x.to(self.W), y, old, mode=self.ewc_config.fisher)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        F_max = self.ewc.fisher("W").flatten(1).amax(1).double().cpu()  # (E,)
-        xi = torch.as_tensor(self.ewc.xi, dtype=torch.float64).cpu().expand(self.ensemble)
-        stiff = self.eta * xi * F_max
-        if bool((stiff >= 2.0).any()):  # explicit SGD on xi/2 F (W - W*)^2 oscillates and grows beyond this
-            e = int(stiff.argmax())
-            raise ValueError(
-                f"{type(self).__name__}: ewc.xi = {float(xi[e]):g} is too large for SGD ({self.labels[e]}): "
-                f"eta * xi * max(F) = {float(stiff[e]):.3g} >= 2 (the largest Fisher entry is {float(F_max[e]):.3g}); "
-                f"allowed: xi < {2.0 / (self.eta * float(F_max[e])):.3g} at eta = {self.eta:g}")
+        self.ewc.check_step_size(self.eta, self.labels, type(self).__name__, "eta")
         for lg in self.trainer.loggers:
             lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.global_step)
 

@@ -1,0 +1,234 @@
+"""Forgetting of a classifier on real data vs the classes two tasks share ([S] App. G, Fig. 12).
+
+With ``datamodules.MNISTContinual(shared=[0, 1, ..., 5])`` one fit holds every initialisation
+replicated once per number ``k`` of shared digits (``zoo.MultiHeadClassifier``: member
+``e = i_init * G + i_k``). Forgetting is measured on the held-out test images of task 1 with its
+(frozen) head, ``metric_1(end) - metric_1(switch)``, the definition of the teacher-student
+callbacks (THEORY.md sec. 2) with the test error ``1 - accuracy`` (or the cross-entropy) in place
+of the generalisation error. Members that differ only in their seed are grouped: the profile is
+their mean, with their spread, per ``k``.
+
+The grouping and the statistics are pure functions; the callback only evaluates and logs.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import Tensor
+
+from callbacks.base import HistoryCallback, output_path, warn_once
+from callbacks.error_curves import parse_label
+from callbacks.forgetting import profile_shape
+
+Metric = Literal["error", "loss"]
+
+
+def group_key(label: str, drop: Sequence[str] = ("seed", "k")) -> str:
+    """A member label without the parts that only repeat an experiment: ``"gamma=0,seed=1,k=2"`` ->
+    ``"gamma=0"`` (``"all"`` when nothing is left)."""
+    kept = [f"{k}={v}" for k, v in parse_label(label).items() if k not in drop]
+    return ",".join(kept) or "all"
+
+
+def profiles(values: Tensor | np.ndarray, labels: Sequence[str], x_key: str = "k") -> dict[str, dict[str, np.ndarray]]:
+    """Per group (:func:`group_key`), the mean and standard deviation over seeds of ``values`` (E,)
+    at each value of the label key ``x_key``.
+
+    Returns ``{group: {"x": (n,), "mean": (n,), "std": (n,), "count": (n,), "all": list of arrays}}``
+    with ``x`` sorted; ``std`` is the sample standard deviation (0 for a single seed).
+    """
+    v = np.asarray(values.detach().cpu() if isinstance(values, Tensor) else values, dtype=float)
+    if v.shape != (len(labels),):
+        raise ValueError(f"profiles: {v.shape[0] if v.ndim else 0} values for {len(labels)} labels")
+    grouped: dict[str, dict[float, list[float]]] = {}
+    for value, label in zip(v, labels):
+        parts = parse_label(label)
+        if x_key not in parts:
+            raise ValueError(f"profiles: member label {label!r} has no {x_key!r}=...; the datamodule must serve "
+                             f"several data sets (e.g. MNISTContinual(shared=[0, 1, 2, 3, 4, 5]))")
+        grouped.setdefault(group_key(label), {}).setdefault(float(parts[x_key]), []).append(float(value))
+    out = {}
+    for g, per_x in grouped.items():
+        xs = sorted(per_x)
+        samples = [np.asarray(per_x[x]) for x in xs]
+        out[g] = {
+            "x": np.asarray(xs),
+            "mean": np.asarray([s.mean() for s in samples]),
+            "std": np.asarray([s.std(ddof=1) if len(s) > 1 else 0.0 for s in samples]),
+            "count": np.asarray([len(s) for s in samples]),
+            "all": samples,
+        }
+    return out
+
+
+@torch.no_grad()
+def task_metrics(pl_module: pl.LightningModule, test_sets: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+    """Test error ``1 - accuracy`` and cross-entropy of every member on every task's head:
+    ``{"error": (E, n_tasks), "loss": (E, n_tasks)}`` on the CPU."""
+    err, ce = [], []
+    for t, (x, y) in enumerate(test_sets):
+        x, y = x.to(pl_module.device), y.to(pl_module.device)
+        err.append(1 - pl_module.accuracy(x, y, t))
+        ce.append(pl_module.member_loss(x, y, t))
+    return {"error": torch.stack(err, 1).double().cpu(), "loss": torch.stack(ce, 1).double().cpu()}
+
+
+class TaskForgetting(HistoryCallback):
+    """Test error and cross-entropy of every task, forgetting of task 1, and its profile vs ``k``.
+
+    Every ``every_n_steps`` (and at the start, at the switch and at the end) it evaluates each
+    task's head on the datamodule's ``test_set(task)`` and logs ``test_error/task<t>/<member>`` and
+    ``test_loss/task<t>/<member>`` (1-based ``t``) for up to ``max_members`` members, and, after
+    the switch, ``forgetting/<member>``. At the end it logs ``forgetting_final/<member>``,
+    ``transfer_final/<member>`` and, per group of members that differ only in seed,
+    ``forgetting_profile/<group>/k=<k>`` (mean over seeds), ``.../peak_k``, ``.../maslow`` and
+    ``.../monotonic`` (:func:`callbacks.forgetting.profile_shape` with tolerance ``tol``), and
+    writes ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
+    curve per group; (b) task 1's test error over training, mean per group and ``k``.
+
+    Args:
+        every_n_steps: SGD steps between evaluations (each costs a forward pass over the test sets).
+        metric: what forgetting is measured in: ``"error"`` (1 - accuracy) or ``"loss"`` (cross-entropy).
+        tol: the margin of :func:`profile_shape` in units of ``metric``.
+        max_members: members with their own scalar tags.
+        figure: write ``forgetting_vs_shared.png``.
+    """
+
+    HISTORY_KEYS = ("steps", "error", "loss")
+
+    def __init__(self, every_n_steps: int = 200, metric: Metric = "error", tol: float = 0.005,
+                 max_members: int = 32, figure: bool = True) -> None:
+        super().__init__(every_n_steps)
+        name = type(self).__name__
+        if metric not in ("error", "loss"):
+            raise ValueError(f"{name}: metric = {metric!r}; allowed: 'error' or 'loss'")
+        if not tol >= 0:
+            raise ValueError(f"{name}: tol = {tol!r}; allowed: a number >= 0")
+        if isinstance(max_members, bool) or int(max_members) != max_members or max_members < 0:
+            raise ValueError(f"{name}: max_members = {max_members!r}; allowed: an integer >= 0")
+        self.metric, self.tol, self.max_members, self.figure = metric, float(tol), int(max_members), bool(figure)
+        self.result: dict = {}
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.at_switch: dict[str, Tensor] | None = None
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | {"at_switch": self.at_switch}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.at_switch = state_dict.get("at_switch")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.need(pl_module, "accuracy", "member_loss")
+        dm = trainer.datamodule
+        name = type(self).__name__
+        if dm is None or not callable(getattr(dm, "test_set", None)) or not getattr(dm, "switch_steps", None):
+            raise TypeError(f"{name} needs a continual datamodule with test_set(task) and switch_steps "
+                            "(e.g. datamodules.MNISTContinual)")
+        self.switch = int(dm.switch_steps[0])
+        self.n_tasks = int(getattr(dm, "n_tasks", 2))
+        self._tests = [dm.test_set(t) for t in range(self.n_tasks)]
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Tensor]:
+        m = task_metrics(pl_module, self._tests)
+        step = trainer.global_step
+        if not self.history["steps"] or self.history["steps"][-1] != step:
+            self.history["steps"].append(step)
+            self.history["error"].append(m["error"])
+            self.history["loss"].append(m["loss"])
+        labels = pl_module.labels[: self.max_members]
+        scalars = {}
+        for key in ("error", "loss"):
+            for t in range(self.n_tasks):
+                scalars |= {f"test_{key}/task{t + 1}/{lbl}": m[key][e, t] for e, lbl in enumerate(labels)}
+        if self.at_switch is not None:
+            f = m[self.metric][:, 0] - self.at_switch[self.metric][:, 0]
+            scalars |= {f"forgetting/{lbl}": f[e] for e, lbl in enumerate(labels)}
+        self.log_scalars(trainer, scalars, step=step)
+        return m
+
+    def on_due(self, trainer, pl_module, outputs) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.switch and self.at_switch is None:
+            self.at_switch = self._evaluate(trainer, pl_module)  # the weights at the end of task 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.at_switch is None:
+            warn_once(f"{type(self).__name__}: training ended before the task switch; no forgetting to report")
+            return
+        end = self._evaluate(trainer, pl_module)
+        forgetting = end[self.metric][:, 0] - self.at_switch[self.metric][:, 0]
+        transfer = self.at_switch[self.metric][:, 1] - end[self.metric][:, 1]
+        labels = pl_module.labels
+        scalars = {f"forgetting_final/{lbl}": forgetting[e] for e, lbl in enumerate(labels[: self.max_members])}
+        scalars |= {f"transfer_final/{lbl}": transfer[e] for e, lbl in enumerate(labels[: self.max_members])}
+        self.result = {"forgetting": forgetting, "transfer": transfer, "labels": list(labels), "profiles": {},
+                       "final": end}
+        if any("k" in parse_label(lbl) for lbl in labels):
+            prof = profiles(forgetting, labels)
+            self.result["task2_profiles"] = profiles(end["error"][:, 1], labels)
+            for g, p in prof.items():
+                shape = profile_shape(p["x"], p["mean"], tol=self.tol)
+                p["shape"] = shape
+                scalars |= {f"forgetting_profile/{g}/k={x:g}": m for x, m in zip(p["x"], p["mean"])}
+                scalars |= {f"forgetting_profile/{g}/peak_k": shape["peak_gamma"],
+                            f"forgetting_profile/{g}/maslow": float(shape["maslow"]),
+                            f"forgetting_profile/{g}/monotonic": float(shape["monotonic"])}
+            self.result["profiles"] = prof
+        self.log_scalars(trainer, scalars)
+        if self.figure and self.result["profiles"]:
+            steps = np.asarray(self.history["steps"])
+            err1 = torch.stack(self.history["error"])[:, :, 0].numpy()  # (n, E)
+            forgetting_profile_figure(output_path(trainer, "forgetting_vs_shared.png"), self.result["profiles"],
+                                      self.result["task2_profiles"], self.metric, steps, err1, labels, self.switch)
+
+
+def forgetting_profile_figure(path, prof: dict, task2: dict, metric: str, steps: np.ndarray, err1: np.ndarray,
+                              labels: Sequence[str], switch: int) -> None:
+    """(a) forgetting vs shared classes ``k``, mean +- standard deviation over seeds (dots: single
+    seeds); (b) task 1's test error over steps, mean over seeds, one line per group and ``k``;
+    (c) task 2's final test error vs ``k`` (did the second task get learned?)."""
+    from callbacks.figures import _plt
+
+    plt = _plt()
+    fig, (a, b, c2) = plt.subplots(1, 3, figsize=(17, 4.8))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (g, p) in enumerate(prof.items()):
+        c = colours[i % len(colours)]
+        shape = p.get("shape", {})
+        tag = " (hammer, peak k=%g)" % shape["peak_gamma"] if shape.get("maslow") else (
+            " (monotonic)" if shape.get("monotonic") else "")
+        a.errorbar(p["x"], p["mean"], yerr=p["std"], color=c, marker="o", capsize=3, label=g + tag)
+        for x, samples in zip(p["x"], p["all"]):
+            a.plot(np.full(len(samples), x), samples, ".", color=c, alpha=0.35)
+        members = [e for e, lbl in enumerate(labels) if group_key(lbl) == g]
+        ks = sorted({float(parse_label(labels[e])["k"]) for e in members})
+        for j, k in enumerate(ks):
+            sel = [e for e in members if float(parse_label(labels[e])["k"]) == k]
+            b.plot(steps, err1[:, sel].mean(1), color=c, alpha=0.3 + 0.7 * j / max(1, len(ks) - 1), lw=1)
+        q = task2[g]
+        c2.errorbar(q["x"], q["mean"], yerr=q["std"], color=c, marker="o", capsize=3)
+    a.axhline(0, color="grey", lw=0.5)
+    a.set_xlabel("shared classes k (0: five new digits, 5: the same task)")
+    a.set_ylabel(f"forgetting of task 1 (test {metric}: end - switch)")
+    a.set_title("(a) forgetting vs task similarity, mean +- sd over seeds")
+    a.legend(fontsize=7)
+    b.axvline(switch, color="grey", ls=":", lw=1)
+    b.set_xlabel("SGD step")
+    b.set_ylabel("task 1 test error (1 - accuracy)")
+    b.set_title("(b) task 1 over training; darker = larger k")
+    c2.set_xlabel("shared classes k")
+    c2.set_ylabel("task 2 test error at the end")
+    c2.set_title("(c) task 2 learned?")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

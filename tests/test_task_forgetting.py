@@ -1,0 +1,102 @@
+"""TaskForgetting: test metrics per task, forgetting of task 1 and its profile over shared classes,
+checked against an independent evaluation of saved weights and hand-computed statistics."""
+from __future__ import annotations
+
+import copy
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from callbacks.task_forgetting import TaskForgetting, group_key, profiles
+from datamodules.mnist import MNISTContinual
+from tests.conftest import quiet_trainer
+from tests.test_mnist_continual import tiny_mnist
+from zoo.classifier import MultiHeadClassifier
+from zoo.init import EntropyMix, Gaussian
+
+
+def test_group_key_drops_seed_and_k():
+    assert group_key("gamma=0,sigma=0.1,gamma2=1,seed=3,k=2") == "gamma=0,sigma=0.1,gamma2=1"
+    assert group_key("seed=0,k=5") == "all"
+
+
+def test_profiles_are_mean_and_sample_sd_over_seeds():
+    labels = [f"gamma={g},seed={s},k={k}" for g in (0, 1) for s in (0, 1, 2) for k in (0, 5)]
+    values = np.arange(len(labels), dtype=float) ** 2
+    prof = profiles(values, labels)
+    assert set(prof) == {"gamma=0", "gamma=1"}
+    # gamma=0, k=0: members 0, 2, 4 -> values 0, 4, 16
+    p = prof["gamma=0"]
+    np.testing.assert_allclose(p["x"], [0, 5])
+    np.testing.assert_allclose(p["mean"][0], 20 / 3)
+    np.testing.assert_allclose(p["std"][0], np.std([0, 4, 16], ddof=1))
+    # gamma=1, k=5: members 7, 9, 11 -> 49, 81, 121
+    np.testing.assert_allclose(prof["gamma=1"]["mean"][1], (49 + 81 + 121) / 3)
+    np.testing.assert_array_equal(p["count"], [3, 3])
+    with pytest.raises(ValueError, match="no 'k'"):
+        profiles([1.0], ["gamma=0"])
+
+
+class Snapshot(pl.Callback):
+    """Keeps a copy of the module at the task switch (an independent record of the weights)."""
+
+    def __init__(self, switch: int) -> None:
+        self.switch, self.module = switch, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.switch:
+            self.module = copy.deepcopy(pl_module).cpu()
+
+
+def _run(tmp_path, existing=()):
+    root = tiny_mnist(tmp_path / "data")
+    dm = MNISTContinual(data_dir=str(root), shared=[0, 3, 5], batch_size=10, steps=[6, 6], seed=1)
+    net = MultiHeadClassifier(hidden=16, lr=2.0, init_w=Gaussian(sigma=1.0),
+                              init_heads=EntropyMix(gamma=0.0, sigma=0.5),
+                              seed=[0, 1])
+    cb = TaskForgetting(every_n_steps=4)
+    snap = Snapshot(switch=6)
+    trainer = quiet_trainer(tmp_path, [cb, snap], existing=existing)
+    trainer.fit(net, dm)
+    return trainer, net, dm, cb, snap
+
+
+def test_forgetting_equals_an_independent_evaluation(tmp_path):
+    trainer, net, dm, cb, snap = _run(tmp_path, existing=("forgetting_vs_shared.png",))
+    x, y = dm.test_set(0)
+    with torch.no_grad():
+        err_switch = 1 - snap.module.accuracy(x, y, 0)
+        err_end = 1 - net.accuracy(x, y, 0)
+        ce_switch = snap.module.member_loss(x, y, 0)
+    expected = err_end - err_switch
+    torch.testing.assert_close(cb.result["forgetting"], expected.double(), atol=1e-12, rtol=0)
+    torch.testing.assert_close(cb.at_switch["loss"][:, 0], ce_switch.double(), atol=1e-6, rtol=1e-6)
+    # training did change the first layer, so a zero forgetting everywhere would be suspicious
+    assert not torch.equal(snap.module.W, net.W.cpu())
+    # 2 initialisations x 3 data sets; the profile of each initialisation is over k = 0, 3, 5
+    assert net.labels[:3] == ["seed=0,k=0", "seed=0,k=3", "seed=0,k=5"]
+    prof = cb.result["profiles"]
+    assert list(prof) == ["all"] and list(prof["all"]["x"]) == [0, 3, 5]
+    f = cb.result["forgetting"].numpy()
+    np.testing.assert_allclose(prof["all"]["mean"], f.reshape(2, 3).mean(0))
+    # the figure is written next to the events, and the user's file of the same name is kept
+    folder = tmp_path / "tb" / "version_0"
+    assert (folder / "forgetting_vs_shared.png").read_bytes() == b"a user's file"
+    assert (folder / "forgetting_vs_shared_1.png").stat().st_size > 10_000
+    # evaluations at the start, every 4 steps, the switch and the end (steps 0, 4, 6, 8, 12)
+    assert cb.history["steps"] == [0, 4, 6, 8, 12]
+
+
+def test_refuses_a_module_or_datamodule_it_cannot_read(tmp_path):
+    from datamodules import RankOne
+    from zoo import DeepLinearNet
+
+    with pytest.raises(TypeError, match="TaskForgetting needs a module with accuracy"):
+        quiet_trainer(tmp_path, [TaskForgetting()], logger=False).fit(
+            DeepLinearNet(dims=[2, 2, 2]), RankOne(n_in=2, n_out=2))
+    with pytest.raises(ValueError, match="metric = 'acc'; allowed"):
+        TaskForgetting(metric="acc")
+    with pytest.raises(ValueError, match="tol = -1"):
+        TaskForgetting(tol=-1)
