@@ -12,6 +12,7 @@ The grouping and the statistics are pure functions; the callback only evaluates 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -22,7 +23,6 @@ from torch import Tensor
 
 from callbacks.base import HistoryCallback, output_path, warn_once
 from callbacks.error_curves import parse_label
-from callbacks.forgetting import profile_shape
 
 Metric = Literal["error", "loss"]
 
@@ -65,6 +65,29 @@ def profiles(values: Tensor | np.ndarray, labels: Sequence[str], x_key: str = "k
     return out
 
 
+def profile_shape_with_noise(x: Sequence[float], mean: Sequence[float], std: Sequence[float],
+                             count: Sequence[int], tol: float) -> dict[str, float | bool]:
+    """:func:`callbacks.forgetting.profile_shape` for a mean over seeds: a difference between two
+    points counts only when it exceeds ``tol`` and twice its standard error
+    ``sqrt(se_a^2 + se_b^2)`` (``se = std / sqrt(count)``), so seed noise is not called a shape.
+    ``maslow``: the peak exceeds both ends so; ``monotonic``: no later point exceeds an earlier one so."""
+    x, m = np.asarray(x, float), np.asarray(mean, float)
+    se = np.asarray(std, float) / np.sqrt(np.maximum(np.asarray(count, float), 1))
+    order = np.argsort(x)
+    x, m, se = x[order], m[order], se[order]
+
+    def exceeds(i: int, j: int) -> bool:  # point i above point j beyond noise
+        return bool(m[i] - m[j] > max(tol, 2 * math.hypot(se[i], se[j])))
+
+    k = int(np.argmax(m))
+    return {
+        "peak_gamma": float(x[k]),
+        "maslow": bool(0 < k < len(m) - 1 and exceeds(k, 0) and exceeds(k, len(m) - 1)),
+        "monotonic": not any(exceeds(j, i) for i in range(len(m)) for j in range(i + 1, len(m))),
+        "flat": not any(exceeds(i, j) for i in range(len(m)) for j in range(len(m)) if i != j),
+    }
+
+
 @torch.no_grad()
 def task_metrics(pl_module: pl.LightningModule, test_sets: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
     """Test error ``1 - accuracy`` and cross-entropy of every member on every task's head:
@@ -86,7 +109,7 @@ class TaskForgetting(HistoryCallback):
     the switch, ``forgetting/<member>``. At the end it logs ``forgetting_final/<member>``,
     ``transfer_final/<member>`` and, per group of members that differ only in seed,
     ``forgetting_profile/<group>/k=<k>`` (mean over seeds), ``.../peak_k``, ``.../maslow`` and
-    ``.../monotonic`` (:func:`callbacks.forgetting.profile_shape` with tolerance ``tol``), and
+    ``.../monotonic`` (:func:`profile_shape_with_noise`: beyond ``tol`` and two standard errors), and
     writes ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
     curve per group; (b) task 1's test error over training, mean per group and ``k``.
 
@@ -177,7 +200,7 @@ class TaskForgetting(HistoryCallback):
             prof = profiles(forgetting, labels)
             self.result["task2_profiles"] = profiles(end["error"][:, 1], labels)
             for g, p in prof.items():
-                shape = profile_shape(p["x"], p["mean"], tol=self.tol)
+                shape = profile_shape_with_noise(p["x"], p["mean"], p["std"], p["count"], self.tol)
                 p["shape"] = shape
                 scalars |= {f"forgetting_profile/{g}/k={x:g}": m for x, m in zip(p["x"], p["mean"])}
                 scalars |= {f"forgetting_profile/{g}/peak_k": shape["peak_gamma"],

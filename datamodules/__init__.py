@@ -1,6 +1,10 @@
 """LightningDataModules, deterministic from a seed; synthetic tasks are generated, never downloaded."""
 from datamodules.mnist import MNISTContinual
+from datamodules.shapes import DSprites, Shapes3D
 from datamodules.regression import LinearTask, RankOne, SemanticHierarchy, TaskModes, WhitenedRegression
 from datamodules.teacher_student import TeacherStudent
 
-__all__ = ["LinearTask", "MNISTContinual", "RankOne", "SemanticHierarchy", "TaskModes", "TeacherStudent", "WhitenedRegression"]
+__all__ = [
+    "DSprites", "LinearTask", "MNISTContinual", "RankOne", "SemanticHierarchy", "Shapes3D", "TaskModes",
+    "TeacherStudent", "WhitenedRegression",
+]

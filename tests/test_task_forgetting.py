@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.task_forgetting import TaskForgetting, group_key, profiles
+from callbacks.task_forgetting import TaskForgetting, group_key, profile_shape_with_noise, profiles
 from datamodules.mnist import MNISTContinual
 from tests.conftest import quiet_trainer
 from tests.test_mnist_continual import tiny_mnist
@@ -37,6 +37,19 @@ def test_profiles_are_mean_and_sample_sd_over_seeds():
     np.testing.assert_array_equal(p["count"], [3, 3])
     with pytest.raises(ValueError, match="no 'k'"):
         profiles([1.0], ["gamma=0"])
+
+
+def test_a_shape_must_stand_out_of_the_seed_noise():
+    x, count = [0, 1, 2, 3], [4, 4, 4, 4]
+    hammer = [0.01, 0.05, 0.03, 0.0]
+    # standard errors 0.005: the peak beats both ends by > 2 sqrt(2) 0.005 = 0.014
+    s = profile_shape_with_noise(x, hammer, [0.01] * 4, count, tol=0.005)
+    assert s["maslow"] and not s["monotonic"] and s["peak_gamma"] == 1
+    # the same means with standard errors 0.02: within the noise, no shape at all
+    s = profile_shape_with_noise(x, hammer, [0.04] * 4, count, tol=0.005)
+    assert not s["maslow"] and s["monotonic"] and s["flat"]
+    s = profile_shape_with_noise(x, [0.12, 0.09, 0.08, -0.01], [0.01] * 4, count, tol=0.005)
+    assert s["monotonic"] and not s["maslow"] and not s["flat"]
 
 
 class Snapshot(pl.Callback):

@@ -16,6 +16,7 @@ _LAZY = {
     "DivergenceError": "zoo.divergence",
     "MultiHeadStudent": "zoo.student",
     "MultiHeadClassifier": "zoo.classifier",
+    "SparseAutoencoder": "zoo.sae",
 }
 
 

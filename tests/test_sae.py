@@ -1,0 +1,66 @@
+"""SparseAutoencoder: per-member gradients against autograd on one member, the imbalance init,
+the grid, divergence and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zoo.init import Imbalance
+from zoo.sae import SparseAutoencoder
+
+
+def test_each_member_gets_the_gradient_of_its_own_loss():
+    net = SparseAutoencoder(d=5, n=7, l1=[0.0, 0.3], init=Imbalance(v=[0.5, 2.0], sigma=0.5)).double()
+    with torch.no_grad():
+        net.b_enc.normal_(0, 0.1, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    net.member_loss(x)["loss"].sum().backward()
+    for e in range(2):
+        We, Wd = net.W_enc[e].detach().clone().requires_grad_(), net.W_dec[e].detach().clone().requires_grad_()
+        be = net.b_enc[e, 0].detach().clone().requires_grad_()
+        h = torch.relu(x @ We.T + be)
+        loss = 0.5 * ((h @ Wd.T - x) ** 2).sum(1).mean() + [0.0, 0.3][e] * h.abs().sum(1).mean()
+        loss.backward()
+        assert torch.allclose(net.W_enc.grad[e], We.grad, atol=1e-12)
+        assert torch.allclose(net.W_dec.grad[e], Wd.grad, atol=1e-12)
+        assert torch.allclose(net.b_enc.grad[e, 0], be.grad, atol=1e-12)
+
+
+def test_imbalance_init_scales_encoder_down_and_decoder_up():
+    net = SparseAutoencoder(d=64, n=512, init=Imbalance(v=[0.5, 4.0], sigma=1e-3))
+    # 32,768 draws per matrix: the sample std is within 2% of its value (5 standard errors)
+    for e, v in enumerate((0.5, 4.0)):
+        assert float(net.W_enc[e].detach().std()) == pytest.approx(1e-3 / v, rel=0.02)
+        assert float(net.W_dec[e].detach().std()) == pytest.approx(1e-3 * v, rel=0.02)
+    assert float(net.b_enc.abs().max()) == 0.0
+
+
+def test_grid_is_the_product_of_v_and_l1():
+    net = SparseAutoencoder(d=3, n=4, l1=[0.0, 0.1], init=Imbalance(v=[0.5, 1.0, 2.0]), grid=True)
+    assert net.ensemble == 6
+    assert net.labels == ["v=0.5,l1=0", "v=0.5,l1=0.1", "v=1,l1=0", "v=1,l1=0.1", "v=2,l1=0", "v=2,l1=0.1"]
+    with pytest.raises(ValueError, match="2 values of l1 but the init describes 3 members"):
+        SparseAutoencoder(d=3, n=4, l1=[0.0, 0.1], init=Imbalance(v=[0.5, 1.0, 2.0]))
+
+
+def test_divergence_stops_with_a_message(tmp_path):
+    from tests.conftest import quiet_trainer
+    from zoo.divergence import DivergenceError
+
+    x = 100 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 16 steps
+    net = SparseAutoencoder(d=4, n=8, init=Imbalance(v=1.0, sigma=1.0), lr=10.0)
+    with pytest.raises(DivergenceError, match="lr = 10.0 is probably too large"):
+        quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(d=0), "d = 0; allowed: a positive integer"),
+    (dict(n=2.5), "n = 2.5"),
+    (dict(l1=-1.0), "l1 = -1.0; allowed"),
+    (dict(lr=0.0), "lr = 0.0; allowed"),
+    (dict(optimizer="rmsprop"), "optimizer = 'rmsprop'"),
+])
+def test_rejects_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SparseAutoencoder(**kwargs)

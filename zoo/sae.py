@@ -1,0 +1,139 @@
+"""Sparse autoencoders and the implicit sparse autoencoder of output-heavy initialisation ([S] App. H).
+
+``h = relu(W_enc x + b_enc)`` (n hidden units), ``x_hat = W_dec h + b_dec``; loss
+``1/2 |x - x_hat|^2 + l1 |h|_1`` per data point, averaged over the batch. With ``l1 = 0`` and an
+``imbalance`` initialisation ``v > 1`` (encoder ``N(0, (sigma/v)^2)``, decoder
+``N(0, (sigma v)^2)``) the linear theory of [S] Sec. 3 predicts sparse hidden activity without any
+penalty: the iSAE. Trained by plain SGD by default, because the prediction is about gradient
+flow from the initial imbalance; Adam rescales every step and forgets the initial scales.
+
+**Ensemble.** ``E`` members train in one fit on the same batches as batched tensor ops: the
+init's list parameters (e.g. ``v: [0.25, 1, 4]``) and a list of ``l1`` zipped, or with
+``grid: true`` their Cartesian product, so SAE and iSAE over a range of ``v`` is one run.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+from jsonargparse import lazy_instance
+from torch import Tensor, nn
+
+from zoo.divergence import check_finite
+from zoo.init import Imbalance, InitScheme, from_spec
+from zoo.student import _grid
+
+
+class SparseAutoencoder(pl.LightningModule):
+    """A one-hidden-layer ReLU autoencoder with an optional L1 penalty on its hidden activity.
+
+    Args:
+        d: input (and output) dimension, e.g. 16 VAE latents ([S] App. H).
+        n: hidden units (2048 in [S] App. H).
+        l1: weight of the L1 penalty on hidden activity; 0 is the iSAE; a list gives each member its own.
+        init: scheme of ``[W_enc, W_dec]`` (``imbalance`` for the paper's experiment); list
+            parameters make an ensemble. Biases start at zero.
+        lr: learning rate.
+        optimizer: ``"sgd"`` (default; see the module docstring) or ``"adam"``.
+        bias: learn the biases ``b_enc`` and ``b_dec``.
+        grid: the Cartesian product of the list-valued ``init`` parameters and ``l1``.
+        seed: seed of the initial weights.
+    """
+
+    def __init__(
+        self,
+        d: int = 16,
+        n: int = 2048,
+        l1: float | list[float] = 0.0,
+        init: InitScheme = lazy_instance(Imbalance, v=1.0, sigma=1e-3),
+        lr: float = 0.1,
+        optimizer: Literal["sgd", "adam"] = "sgd",
+        bias: bool = True,
+        grid: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (("d", d), ("n", n)):
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"{name}: {arg} = {value!r}; allowed: a positive integer")
+        l1s = [float(x) for x in l1] if isinstance(l1, (list, tuple)) else [float(l1)]
+        if not l1s or any(not (x >= 0 and math.isfinite(x)) for x in l1s):
+            raise ValueError(f"{name}: l1 = {l1!r}; allowed: a number >= 0 or a non-empty list of them")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"{name}: lr = {lr!r}; allowed: a positive number")
+        if optimizer not in ("sgd", "adam"):
+            raise ValueError(f"{name}: optimizer = {optimizer!r}; allowed: 'sgd' or 'adam'")
+        scheme = from_spec(init).checked()
+        self.save_hyperparameters()
+        self.hparams["init"] = scheme.spec()
+        if grid:
+            schemes, lists = _grid({"init": scheme}, {"l1": l1s})
+            scheme, l1s = schemes["init"], lists["l1"]
+        E = scheme.ensemble_size
+        if len(l1s) > 1 and E > 1 and len(l1s) != E:
+            raise ValueError(f"{name}: {len(l1s)} values of l1 but the init describes {E} members; give lists of one "
+                             "length, or grid: true for their product")
+        E = max(E, len(l1s))
+        self.d, self.n, self.lr, self.optimizer_name, self.scheme = int(d), int(n), float(lr), optimizer, scheme
+        self.register_buffer("l1", torch.tensor(l1s * (E if len(l1s) == 1 else 1), dtype=torch.float32))
+        W_enc, W_dec = scheme.weights([(self.n, self.d), (self.d, self.n)], ensemble=E,
+                                      generator=torch.Generator().manual_seed(int(seed)))
+        self.W_enc, self.W_dec = nn.Parameter(W_enc.float()), nn.Parameter(W_dec.float())
+        self.b_enc = nn.Parameter(torch.zeros(E, 1, self.n), requires_grad=bias)
+        self.b_dec = nn.Parameter(torch.zeros(E, 1, self.d), requires_grad=bias)
+        varying = {k: v for k, v in scheme._params.items() if len(v) > 1}
+        self.labels = [",".join([f"{k}={vals[e]:.4g}" for k, vals in varying.items()]
+                                + ([f"l1={float(self.l1[e]):g}"] if len(set(l1s)) > 1 else [])) or f"member{e}"
+                       for e in range(E)]
+
+    @property
+    def ensemble(self) -> int:
+        return self.W_enc.shape[0]
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """Hidden activity ``relu(W_enc x + b_enc)`` of every member: x (B, d) -> (E, B, n)."""
+        x = x.to(self.W_enc.dtype).unsqueeze(0).expand(self.ensemble, *x.shape)
+        return torch.relu(torch.bmm(x, self.W_enc.transpose(1, 2)) + self.b_enc)
+
+    def decode(self, h: Tensor) -> Tensor:
+        """``W_dec h + b_dec``: (E, B, n) -> (E, B, d)."""
+        return torch.bmm(h, self.W_dec.transpose(1, 2)) + self.b_dec
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Reconstructions of every member, (E, B, d)."""
+        return self.decode(self.hidden(x))
+
+    def member_loss(self, x: Tensor) -> dict[str, Tensor]:
+        """Per member (E,): ``reconstruction`` (1/2 |x - x_hat|^2, batch mean), ``l1`` (|h|_1,
+        batch mean, before its weight) and ``loss`` = reconstruction + l1 weight * l1."""
+        h = self.hidden(x)
+        rec = 0.5 * (self.decode(h) - x.to(h.dtype)).pow(2).sum(-1).mean(-1)
+        act = h.sum(-1).mean(-1)  # h >= 0, so |h|_1 = sum h
+        return {"reconstruction": rec, "l1": act, "loss": rec + self.l1 * act}
+
+    @staticmethod
+    def inputs(batch) -> Tensor:
+        """The vectors of a batch: a tensor, a tuple/list (its first entry) or a dict (``"x"``)."""
+        if isinstance(batch, dict):
+            return batch["x"]
+        return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        x = self.inputs(batch)
+        if x.dim() != 2 or x.shape[1] != self.d:
+            raise ValueError(f"{type(self).__name__}: batches must be (B, d = {self.d}); got {tuple(x.shape)}")
+        parts = self.member_loss(x)
+        check_finite(parts["loss"], step=self.global_step, labels=self.labels,
+                     hint=f"lr = {self.lr} is probably too large; try lr / 10.")
+        self.log("loss", parts["loss"].detach().mean(), prog_bar=True)
+        self.log("reconstruction", parts["reconstruction"].detach().mean())
+        return parts["loss"].sum()  # each member receives exactly its own gradient
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(params, lr=self.lr)
+        return torch.optim.SGD(params, lr=self.lr)
