@@ -9,10 +9,12 @@ from callbacks.ntk import NTKDistance
 from callbacks.phase import PhaseDiagram
 from callbacks.rsm import RSM
 from callbacks.singular_values import SingularValues
+from callbacks.task_forgetting import TaskForgetting
 from callbacks.teacher_student import Entropies, OrderParameters, TheoryOverlay
+from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 
 __all__ = [
-    "Balance", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile", "NetworkMap",
-    "NTKDistance", "OrderParameters", "PhaseDiagram", "RSM", "SingularValues", "TheoryOverlay", "log_matrix",
-    "matrix_to_image",
+    "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
+    "LatentTraversals", "NetworkMap", "NTKDistance", "OrderParameters", "PhaseDiagram", "Reconstructions", "RSM", "SingularValues",
+    "SweepFigure", "TaskForgetting", "TheoryOverlay", "log_matrix", "matrix_to_image",
 ]

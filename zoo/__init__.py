@@ -17,6 +17,8 @@ _LAZY = {
     "MultiHeadStudent": "zoo.student",
     "MultiHeadClassifier": "zoo.classifier",
     "SparseAutoencoder": "zoo.sae",
+    "BetaVAE": "zoo.vae",
+    "BetaVAESweep": "zoo.vae",
 }
 
 

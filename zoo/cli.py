@@ -71,6 +71,8 @@ def build_cli(args: list[str] | None = None, *, run: bool = True):
     import zoo.deep_linear  # noqa: F401
     import zoo.classifier  # noqa: F401
     import zoo.student  # noqa: F401
+    import zoo.vae  # noqa: F401
+    import zoo.sae  # noqa: F401
     import zoo.init  # noqa: F401
 
     return _cli_class()(

@@ -1,0 +1,386 @@
+"""beta-VAE with fully connected encoder and decoder, and a sweep of them in one fit ([S] Sec. 3.2, App. D).
+
+Architecture ([S] App. D: the deep fully connected networks of Abdi et al. 2019,
+*disentanglement-pytorch*, default widths; five linear layers each, ReLU between them):
+
+* encoder ``D -> 1000 -> 400 -> 200 -> 100 -> 2L``: a body of four layers and one readout whose
+  ``2L`` outputs are the posterior means ``mu`` (first ``L``) and log-variances ``logvar``;
+* decoder ``L -> 100 -> 200 -> 400 -> 1000 -> D``: Bernoulli logits of every pixel.
+
+[S] App. D calls the encoder "DeepLinear" and the decoder "DeepGaussianLinear"; in the cited
+framework it is the other way round (``DeepGaussianLinear`` is the encoder with Gaussian heads,
+``DeepLinear`` the decoder). The two heads there are separate layers of ``L`` outputs each; here
+they are one readout of ``2L`` outputs, so Xavier's bound on the readout uses ``fan_out = 2L``
+(``sqrt((100 + L)/(100 + 2L))`` = 0.96 of the separate heads' bound at L = 10).
+
+Loss (Higgins et al. 2017, [S] Sec. 3.2): Bernoulli reconstruction (binary cross-entropy with
+logits, summed over pixels, mean over the batch) plus ``regulariser(mu, logvar, z, step)``, which
+for the beta-VAE is ``beta KL(q(z|x) || N(0, I))`` (closed form, summed over latents, mean over the
+batch). A variant (beta-TC, annealed capacity) overrides that one method.
+
+Initialisation ([S] Sec. 3.2, App. D): every layer's weights come from a scheme of ``zoo.init``,
+one for the encoder and one for the decoder, filled input to output; biases start at zero. The
+paper's experiment is ``Gain(g)`` on the encoder: Xavier-uniform with gain ``g`` on the body and
+``1/g`` on the readout. Smaller ``g`` is predicted to disentangle more (higher DCI) at equal
+reconstruction.
+
+**Active latents**: a latent is active when the variance of its posterior mean across the batch
+exceeds 0.01 (the usual definition, Burda et al. 2016's activity statistic with their threshold):
+below it the encoder maps every input to (nearly) the same mean, so the latent carries no
+information and its KL goes to zero.
+
+:class:`BetaVAESweep` trains several independent beta-VAEs (one per member of a list-valued init
+scheme and per seed, e.g. ``Gain(g=[0.3, 1, 3])`` x seeds ``[0, 1, 2, 3]``) side by side on the
+same batches, so a whole figure is one ``lightning fit``. One Adam over all their parameters is
+the same as one Adam per model: Adam's update of a parameter depends only on that parameter's
+own gradients, and each member's gradient is that of its own loss (the total is their sum).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import lightning.pytorch as pl
+import torch
+from jsonargparse import lazy_instance
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from zoo.divergence import check_finite
+from zoo.init import Gain, InitScheme, Xavier, from_spec
+
+ENCODER_WIDTHS = [1000, 400, 200, 100]
+"""Hidden widths of the encoder body (disentanglement-pytorch's deep fully connected encoder)."""
+DECODER_WIDTHS = [100, 200, 400, 1000]
+"""Hidden widths of the decoder (its mirror image)."""
+ACTIVE_THRESHOLD = 0.01
+"""A latent is active when Var_batch(mu) exceeds this (see the module docstring)."""
+MAX_MEMBER_TAGS = 32
+"""Sweeps up to this size log one curve per member; larger ones log the mean only."""
+
+
+# ------------------------------------------------------------------------------------------------
+# pure functions
+# ------------------------------------------------------------------------------------------------
+def gaussian_kl(mu: Tensor, logvar: Tensor) -> Tensor:
+    """``KL(N(mu, diag exp(logvar)) || N(0, I))`` per sample and latent, ``(..., L)``.
+
+    Closed form ``(mu^2 + exp(logvar) - 1 - logvar) / 2`` (Kingma & Welling 2014, App. B).
+    """
+    return 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar)
+
+
+def bernoulli_reconstruction(logits: Tensor, x: Tensor) -> Tensor:
+    """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over pixels, (B,)."""
+    return F.binary_cross_entropy_with_logits(logits.flatten(1), x.flatten(1), reduction="none").sum(1)
+
+
+def active_latents(mu: Tensor, threshold: float = ACTIVE_THRESHOLD) -> Tensor:
+    """Number of latents whose posterior mean varies across the batch: ``Var_b(mu) > threshold``."""
+    if mu.shape[0] < 2:
+        return torch.zeros((), device=mu.device)
+    return (mu.detach().var(0) > threshold).sum().float()
+
+
+def _positive_int(owner: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}: {name} = {value!r}; allowed: a positive integer")
+    return value
+
+
+def _widths(owner: str, name: str, widths: Sequence[int]) -> list[int]:
+    if len(widths) < 1:
+        raise ValueError(f"{owner}: {name} = {list(widths)}; allowed: at least one hidden width")
+    return [_positive_int(owner, f"{name}[{i}]", w) for i, w in enumerate(widths)]
+
+
+def _mlp(dims: Sequence[int]) -> nn.Sequential:
+    """Linear layers ``dims[0] -> ... -> dims[-1]`` with ReLU between them (none after the last)."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _fill(net: nn.Sequential, scheme: InitScheme, generator: torch.Generator) -> None:
+    """Weights from ``scheme`` (input to output), biases zero."""
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    ws = scheme.weights([tuple(m.weight.shape) for m in linears], ensemble=1, generator=generator)
+    with torch.no_grad():
+        for m, w in zip(linears, ws):
+            m.weight.copy_(w[0])
+            m.bias.zero_()
+
+
+# ------------------------------------------------------------------------------------------------
+# the model
+# ------------------------------------------------------------------------------------------------
+class BetaVAE(pl.LightningModule):
+    """A beta-VAE with deep fully connected encoder and decoder ([S] Sec. 3.2, App. D).
+
+    Args:
+        latent_dim: number of latents ``L`` (10, as in disentanglement_lib's studies).
+        beta: weight of the KL term (1 is the plain VAE; Higgins et al. 2017 use beta > 1).
+        lr: Adam's learning rate (1e-4, the framework's default).
+        encoder_widths: hidden widths of the encoder body (four layers in [S]).
+        decoder_widths: hidden widths of the decoder.
+        init_encoder: scheme of the encoder's weights; ``Gain(g)`` is [S]'s experiment.
+        init_decoder: scheme of the decoder's weights.
+        image_shape: ``[C, H, W]`` of the inputs; default: read from the datamodule's
+            ``image_shape`` at setup (and stored, so checkpoints load).
+        seed: seed of the initial weights (independent of the global seed).
+    """
+
+    def __init__(
+        self,
+        latent_dim: int = 10,
+        beta: float = 1.0,
+        lr: float = 1e-4,
+        encoder_widths: list[int] = ENCODER_WIDTHS,
+        decoder_widths: list[int] = DECODER_WIDTHS,
+        init_encoder: InitScheme = lazy_instance(Gain, g=1.0),
+        init_decoder: InitScheme = lazy_instance(Xavier, gain=1.0),
+        image_shape: list[int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        self.latent_dim = _positive_int(name, "latent_dim", latent_dim)
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"{name}: beta = {beta!r}; allowed: a number >= 0")
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"{name}: lr = {lr!r}; allowed: a positive number")
+        self.encoder_widths = _widths(name, "encoder_widths", encoder_widths)
+        self.decoder_widths = _widths(name, "decoder_widths", decoder_widths)
+        self.schemes = {"init_encoder": from_spec(init_encoder).checked(),
+                        "init_decoder": from_spec(init_decoder).checked()}
+        for key, scheme in self.schemes.items():
+            if scheme.ensemble_size > 1:
+                raise ValueError(
+                    f"{name}: {key} has list-valued parameters ({scheme!r}): one BetaVAE is one model; "
+                    "use zoo.vae.BetaVAESweep to train one model per value"
+                )
+        self.beta, self.lr, self.seed = float(beta), float(lr), int(seed)
+        self.save_hyperparameters()
+        for key, scheme in self.schemes.items():
+            self.hparams[key] = scheme.spec()  # plain data: checkpoints load with weights_only
+        self.image_shape: list[int] | None = None
+        self.encoder: nn.Sequential | None = None
+        self.decoder: nn.Sequential | None = None
+        if image_shape is not None:
+            self.build(image_shape)
+
+    # -- structure ----------------------------------------------------------------------------------
+    def build(self, image_shape: Sequence[int]) -> None:
+        """Create and initialise encoder and decoder for inputs of shape ``[C, H, W]``."""
+        shape = [int(n) for n in image_shape]
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"{type(self).__name__}: image_shape = {list(image_shape)}; "
+                             "allowed: [C, H, W], all positive")
+        self.image_shape = shape
+        self.hparams["image_shape"] = shape
+        D, L = math.prod(shape), self.latent_dim
+        self.encoder = _mlp([D, *self.encoder_widths, 2 * L])
+        self.decoder = _mlp([L, *self.decoder_widths, D])
+        generator = torch.Generator().manual_seed(self.seed)
+        _fill(self.encoder, self.schemes["init_encoder"], generator)
+        _fill(self.decoder, self.schemes["init_decoder"], generator)
+
+    @property
+    def built(self) -> bool:
+        return self.encoder is not None
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        self.adopt_image_shape(getattr(dm, "image_shape", None))
+
+    def adopt_image_shape(self, shape: Sequence[int] | None) -> None:
+        """Build for the data's image shape, or check it against the one given (before training)."""
+        if shape is not None:
+            shape = [int(n) for n in shape]
+            if not self.built:
+                self.build(shape)
+            elif shape != self.image_shape:
+                raise ValueError(f"{type(self).__name__}: image_shape = {self.image_shape} but the datamodule's "
+                                 f"images are {shape}; leave image_shape unset to take it from the data")
+        if not self.built:
+            raise ValueError(f"{type(self).__name__}: image_shape is unset and the datamodule has no image_shape; "
+                             "give image_shape: [C, H, W]")
+
+    # -- the model ----------------------------------------------------------------------------------
+    def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Posterior parameters ``(mu, logvar)``, each (B, L), of images x (B, C, H, W)."""
+        h = self.encoder(x.flatten(1).to(self.encoder[0].weight.dtype))
+        mu, logvar = h.chunk(2, dim=-1)
+        return mu, logvar
+
+    def decode(self, z: Tensor) -> Tensor:
+        """Bernoulli logits (B, C, H, W) of latents z (B, L)."""
+        return self.decoder(z).view(z.shape[0], *self.image_shape)
+
+    @torch.no_grad()
+    def codes(self, x: Tensor) -> Tensor:
+        """The representation DCI scores: the posterior means ``mu`` (B, L) ([S] App. D)."""
+        return self.encode(x)[0]
+
+    def reparameterise(self, mu: Tensor, logvar: Tensor) -> Tensor:
+        """A sample ``z = mu + exp(logvar / 2) eps``, eps ~ N(0, I)."""
+        return mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Reconstruction logits of x from the posterior means (no sampling)."""
+        return self.decode(self.codes(x))
+
+    def regulariser(self, mu: Tensor, logvar: Tensor, z: Tensor, step: int) -> Tensor:
+        """The term added to the reconstruction loss, a scalar: ``beta`` times the batch-mean KL.
+
+        Override this one method for a variant, e.g. annealed capacity (Burgess et al. 2018):
+        ``gamma |KL - C(step)|``; beta-TC (Chen et al. 2018) from ``z`` and the posterior.
+        """
+        return self.beta * gaussian_kl(mu, logvar).sum(-1).mean()
+
+    def losses(self, x: Tensor, step: int) -> dict[str, Tensor]:
+        """Everything one step needs and logs: ``loss`` (to minimise), ``reconstruction``, ``kl``
+        (batch means), ``kl_per_latent`` (L,), ``regulariser`` and ``active_latents``."""
+        mu, logvar = self.encode(x)
+        z = self.reparameterise(mu, logvar)
+        recon = bernoulli_reconstruction(self.decode(z), x.to(mu.dtype)).mean()
+        kl_per_latent = gaussian_kl(mu, logvar).mean(0)
+        reg = self.regulariser(mu, logvar, z, step)
+        return {"loss": recon + reg, "reconstruction": recon, "kl": kl_per_latent.sum(), "regulariser": reg,
+                "kl_per_latent": kl_per_latent, "active_latents": active_latents(mu)}
+
+    # -- training -----------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x = batch[0]
+        out = self.losses(x, self.global_step)
+        check_finite(out["loss"].detach().view(1), step=self.global_step, labels=[type(self).__name__],
+                     hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
+        self.log("loss", out["loss"].detach(), prog_bar=True)
+        self.log_dict({"reconstruction": out["reconstruction"].detach(), "kl": out["kl"].detach(),
+                       "active_latents": out["active_latents"]})
+        self.log_dict({f"kl/z{i}": v for i, v in enumerate(out["kl_per_latent"].detach())})
+        return out["loss"]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+# ------------------------------------------------------------------------------------------------
+# a sweep of independent models in one fit
+# ------------------------------------------------------------------------------------------------
+class BetaVAESweep(pl.LightningModule):
+    """Independent beta-VAEs trained side by side on the same batches: one per (init member, seed).
+
+    ``init_encoder: Gain(g=[0.3, 1, 3])`` with ``seeds: [0, 1, 2, 3]`` gives 12 models, member
+    ``i * len(seeds) + j`` with gain ``g[i]`` and seed ``seeds[j]``, labelled ``g=0.3,seed=0``. The
+    total loss is the sum of the members' losses, so each member gets exactly its own gradient,
+    and one Adam over all parameters equals one Adam per model (Adam is per parameter). Only the
+    data order and the reparameterisation noise are shared structure; [S] App. D varies the data
+    order with the seed as well.
+
+    Args: as :class:`BetaVAE`, with ``seeds`` the weight seeds of every initialisation.
+    ``member_class`` (a class attribute) is the model each member is: a subclass of this sweep
+    that sets it sweeps a variant.
+    """
+
+    member_class: ClassVar[type[BetaVAE]] = BetaVAE
+
+    def __init__(
+        self,
+        latent_dim: int = 10,
+        beta: float = 1.0,
+        lr: float = 1e-4,
+        encoder_widths: list[int] = ENCODER_WIDTHS,
+        decoder_widths: list[int] = DECODER_WIDTHS,
+        init_encoder: InitScheme = lazy_instance(Gain, g=[0.3, 1.0, 3.0]),
+        init_decoder: InitScheme = lazy_instance(Xavier, gain=1.0),
+        seeds: list[int] = [0, 1, 2, 3],
+        image_shape: list[int] | None = None,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        enc, dec = from_spec(init_encoder).checked(), from_spec(init_decoder).checked()
+        if not seeds:
+            raise ValueError(f"{name}: seeds = {seeds!r}; allowed: a non-empty list of integers")
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{name}: seeds = {seeds!r} repeat a seed; allowed: distinct integers")
+        sizes = {"init_encoder": enc.ensemble_size, "init_decoder": dec.ensemble_size}
+        n_init = max(sizes.values())
+        if any(s not in (1, n_init) for s in sizes.values()):
+            raise ValueError(f"{name}: the init schemes describe different numbers of models {sizes}; "
+                             "give list parameters of one length (or scalars)")
+        self.save_hyperparameters()
+        self.hparams["init_encoder"], self.hparams["init_decoder"] = enc.spec(), dec.spec()
+        self.lr = float(lr)
+        labels = self._init_labels(enc, dec, n_init)
+        members, self.labels, self.member_params = [], [], []
+        for i in range(n_init):
+            for s in seeds:
+                members.append(self.member_class(
+                    latent_dim=latent_dim, beta=beta, lr=lr, encoder_widths=encoder_widths,
+                    decoder_widths=decoder_widths, init_encoder=enc.member(i) if enc.ensemble_size > 1 else enc,
+                    init_decoder=dec.member(i) if dec.ensemble_size > 1 else dec, image_shape=image_shape,
+                    seed=int(s)))
+                self.labels.append(f"{labels[i]},seed={s}" if labels[i] else f"seed={s}")
+                params = {k: v[0] for k, v in (enc.member(i) if enc.ensemble_size > 1 else enc)._params.items()}
+                self.member_params.append({**params, "seed": int(s)})
+        self.members = nn.ModuleList(members)
+
+    @staticmethod
+    def _init_labels(enc: InitScheme, dec: InitScheme, n: int) -> list[str]:
+        parts = [[] for _ in range(n)]
+        for prefix, scheme in (("", enc), ("dec_", dec)):
+            for k, v in scheme._params.items():
+                if len(v) > 1:
+                    for i in range(n):
+                        parts[i].append(f"{prefix}{k}={v[i]:g}")
+        return [",".join(p) for p in parts]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def member(self, label: str) -> BetaVAE:
+        """The member with this label (e.g. ``g=0.3,seed=0``)."""
+        if label not in self.labels:
+            raise KeyError(f"{type(self).__name__}: no member {label!r}; members: {', '.join(self.labels)}")
+        return self.members[self.labels.index(label)]
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        for m in self.members:
+            m.adopt_image_shape(getattr(dm, "image_shape", None))
+        self.hparams["image_shape"] = self.members[0].image_shape
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x = batch[0]
+        outs = [m.losses(x, self.global_step) for m in self.members]
+        losses = torch.stack([o["loss"] for o in outs])
+        check_finite(losses.detach(), step=self.global_step, labels=self.labels,
+                     hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
+        recon = torch.stack([o["reconstruction"] for o in outs]).detach()
+        kl = torch.stack([o["kl"] for o in outs]).detach()
+        active = torch.stack([o["active_latents"] for o in outs])
+        self.log("loss", losses.detach().mean(), prog_bar=True)
+        self.log_dict({"reconstruction": recon.mean(), "kl": kl.mean(), "active_latents": active.mean()})
+        if len(self.members) <= MAX_MEMBER_TAGS:
+            for tag, values in (("reconstruction", recon), ("kl", kl), ("active_latents", active)):
+                self.log_dict({f"{tag}/{lbl}": v for lbl, v in zip(self.labels, values)})
+        return losses.sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+def vae_members(module: nn.Module) -> list[tuple[str, BetaVAE]]:
+    """``(label, model)`` for every VAE in ``module``: the members of a sweep, or the module itself."""
+    if isinstance(module, BetaVAESweep) or (hasattr(module, "members") and hasattr(module, "labels")):
+        return list(zip(module.labels, module.members))
+    return [("", module)]
+
+
+__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_reconstruction", "active_latents", "vae_members",
+           "ENCODER_WIDTHS", "DECODER_WIDTHS", "ACTIVE_THRESHOLD"]
