@@ -3,6 +3,7 @@ from callbacks.balance import Balance
 from callbacks.entropy_phase import EntropyPhaseDiagram
 from callbacks.error_curves import ErrorCurves
 from callbacks.forgetting import Forgetting, ForgettingProfile
+from callbacks.gdln import LossCurves, PathwaySingularValues, XorLearningTimes
 from callbacks.images import log_matrix, matrix_to_image
 from callbacks.network_map import NetworkMap
 from callbacks.ntk import NTKDistance
@@ -15,6 +16,7 @@ from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 
 __all__ = [
     "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
-    "LatentTraversals", "NetworkMap", "NTKDistance", "OrderParameters", "PhaseDiagram", "Reconstructions", "RSM", "SingularValues",
-    "SweepFigure", "TaskForgetting", "TheoryOverlay", "log_matrix", "matrix_to_image",
+    "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
+    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "SweepFigure", "TaskForgetting", "TheoryOverlay",
+    "XorLearningTimes", "log_matrix", "matrix_to_image",
 ]

@@ -1,10 +1,12 @@
 """LightningDataModules, deterministic from a seed; synthetic tasks are generated, never downloaded."""
+from datamodules.contexts import Contexts
 from datamodules.mnist import MNISTContinual
 from datamodules.shapes import DSprites, Shapes3D
 from datamodules.regression import LinearTask, RankOne, SemanticHierarchy, TaskModes, WhitenedRegression
 from datamodules.teacher_student import TeacherStudent
+from datamodules.xor import XorMargin
 
 __all__ = [
-    "DSprites", "LinearTask", "MNISTContinual", "RankOne", "SemanticHierarchy", "Shapes3D", "TaskModes",
-    "TeacherStudent", "WhitenedRegression",
+    "Contexts", "DSprites", "LinearTask", "MNISTContinual", "RankOne", "SemanticHierarchy", "Shapes3D", "TaskModes",
+    "TeacherStudent", "WhitenedRegression", "XorMargin",
 ]

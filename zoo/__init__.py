@@ -19,6 +19,9 @@ _LAZY = {
     "SparseAutoencoder": "zoo.sae",
     "BetaVAE": "zoo.vae",
     "BetaVAESweep": "zoo.vae",
+    "GDLN": "zoo.gdln",
+    "ReLUNet": "zoo.gdln",
+    "Comparison": "zoo.gdln",
 }
 
 

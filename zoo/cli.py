@@ -73,6 +73,7 @@ def build_cli(args: list[str] | None = None, *, run: bool = True):
     import zoo.student  # noqa: F401
     import zoo.vae  # noqa: F401
     import zoo.sae  # noqa: F401
+    import zoo.gdln  # noqa: F401
     import zoo.init  # noqa: F401
 
     return _cli_class()(

@@ -1,0 +1,321 @@
+"""Callbacks for GDLNs and ReLU nets ([H]): loss curves beside the theory, pathway singular values,
+and the XoR learning times of [H] Fig. 2d.
+
+They read ``epoch_loss`` from the outputs of ``zoo.gdln`` modules (a (epochs, E) tensor, or a dict
+name -> tensor for ``zoo.gdln.Comparison``), so the loss of every epoch is kept without extra work.
+The theory comes from ``zoo.theory.gdln``: the race ([H] Eq. 6) for a GDLN on a single dataset,
+the closed forms ([H] App. C Eqs. 22-23) on the XoR-margin task.
+"""
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import Tensor
+
+from callbacks.base import PeriodicCallback, output_path, overlay_charts
+from callbacks.figures import _plt
+from zoo.theory import gdln as theory
+
+
+def _models(pl_module: pl.LightningModule) -> dict[str, pl.LightningModule]:
+    """name -> network for a Comparison, or {'model': module} for a single network."""
+    if hasattr(pl_module, "models") and hasattr(pl_module, "names"):
+        return dict(zip(pl_module.names, pl_module.models))
+    return {type(pl_module).__name__: pl_module}
+
+
+def _total_epochs(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+    steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else \
+        (trainer.max_epochs or 1) * trainer.num_training_batches
+    return int(steps) * pl_module.epochs_per_step
+
+
+def predicted_loss(model, X: Tensor, Y: Tensor, epochs: int, record_every: int = 10) -> tuple[Tensor, Tensor] | None:
+    """The theory's loss curve for ``model`` in its own loss units, (steps (T,), loss (T, E')), or None.
+
+    A GDLN on one dataset: the race ([H] Eq. 6, ``race_trajectory``) from the module's initial mode
+    strength. A GDLN on the XoR-margin ensemble (X (E, 4, 3)): the closed forms of [H] App. C per
+    member. A ReLU net has no theory of its own: its prediction is its ReLN's.
+    """
+    from zoo.gdln import GDLN
+
+    if not isinstance(model, GDLN) or model.gating is None:
+        return None
+    N = X.shape[-2]
+    unit = N if model.reduction == "sum" else 1.0
+    tau, a0 = model.tau(N), model.initial_mode_strength()
+    if X.dim() == 3:
+        if model.gating_name not in ("linear", "xor"):
+            return None
+        deltas = X[:, 0, 2].abs().double()
+        t = torch.arange(0, epochs + 1, record_every, dtype=torch.float64)
+        loss = theory.xor_loss(t[:, None], deltas[None, :], model.gating_name, tau=tau, a0=a0)
+        return t, unit * loss
+    steps, _, loss = theory.race_trajectory(X, Y, model.gating, epochs, tau=tau, a0=a0,
+                                            training=model.training_mode, record_every=record_every)
+    return steps.double(), unit * loss[:, None]
+
+
+def closed_form_loss(model, datamodule, steps: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The corrected closed form of [H] App. F-G (m = C - 1) for a ReLN on the symmetric task, or None."""
+    from zoo.gdln import GDLN
+
+    if not (isinstance(model, GDLN) and model.gating_name == "reln" and getattr(datamodule, "structure", "") == "same"):
+        return None
+    X, Y = datamodule.X, datamodule.Y
+    unit = X.shape[0] if model.reduction == "sum" else 1.0
+    _, loss = theory.contexts_closed_form(X, Y, model.gating, steps, tau=model.tau(X.shape[0]),
+                                          a0=model.initial_mode_strength())
+    return steps, unit * loss[:, None]
+
+
+class LossCurves(pl.Callback):
+    """Every epoch's loss of every network, the theory's curve beside it, a PNG at the end.
+
+    TensorBoard: ``loss_curve/<model>`` (member mean) and ``loss_curve/<model>_predicted`` every
+    ``every_n_epochs`` epochs, overlaid in the CUSTOM SCALARS chart "loss curves"; at the end
+    ``epochs_to/<model>/<fraction>`` (epochs to reach that fraction of the initial loss, mean over
+    members, [H] Sec. 4 criteria). PNG ``loss_curves.png``.
+
+    Args:
+        every_n_epochs: TensorBoard spacing of the curves.
+        fractions: fractions of the initial loss whose epochs-to-reach are reported.
+        predict: draw the theory (the race can take a few seconds for 8,000 epochs).
+        log_y: logarithmic loss axis.
+        closed_form: also draw the symmetric-context closed form ([H] App. F-G, corrected) for a
+            ReLN on ``Contexts(structure='same')``, as ``<model>_closed_form``.
+    """
+
+    def __init__(self, every_n_epochs: int = 50, fractions: list[float] = [0.5, 0.1, 0.01], predict: bool = True,
+                 log_y: bool = True, closed_form: bool = False) -> None:
+        if every_n_epochs < 1:
+            raise ValueError(f"LossCurves: every_n_epochs = {every_n_epochs}; allowed: a positive integer")
+        if not fractions or any(not 0 < f < 1 for f in fractions):
+            raise ValueError(f"LossCurves: fractions = {fractions}; allowed: numbers in (0, 1)")
+        self.every_n_epochs, self.fractions, self.predict, self.log_y = every_n_epochs, list(fractions), predict, log_y
+        self.closed_form = closed_form
+        self.curves: dict[str, list[Tensor]] = {}
+        self.predictions: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not hasattr(pl_module, "epochs_per_step"):
+            raise TypeError(f"LossCurves needs a zoo.gdln module; {type(pl_module).__name__} is not one")
+        self.curves = {name: [] for name in _models(pl_module)}
+        self.predictions = {}
+        if self.predict:
+            dm = trainer.datamodule
+            epochs = _total_epochs(trainer, pl_module)
+            for name, m in _models(pl_module).items():
+                pred = predicted_loss(m, dm.X, dm.Y, epochs, record_every=max(1, epochs // 2000))
+                if pred is not None:
+                    self.predictions[name] = pred
+                closed = closed_form_loss(m, dm, pred[0]) if self.closed_form and pred is not None else None
+                if closed is not None:
+                    self.predictions[f"{name}_closed_form"] = closed
+        overlay_charts(trainer, "loss curves", {"simulated and predicted": r"loss_curve/.*"})
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        losses = outputs["epoch_loss"]
+        losses = losses if isinstance(losses, dict) else {next(iter(self.curves)): losses}
+        first = outputs["first_epoch"]
+        for name, l in losses.items():
+            self.curves[name].append(l.detach().double().cpu())
+            due = [k for k in range(l.shape[0]) if (first + k) % self.every_n_epochs == 0]
+            for k in due:
+                metrics = {f"loss_curve/{name}": float(l[k].mean())}
+                for key, tag in ((name, f"{name}_predicted"), (f"{name}_closed_form", f"{name}_closed_form")):
+                    if key in self.predictions:
+                        t, p = self.predictions[key]
+                        i = int(torch.searchsorted(t, torch.tensor(float(first + k), dtype=t.dtype)).clamp(max=len(t) - 1))
+                        metrics[f"loss_curve/{tag}"] = float(p[i].mean())
+                PeriodicCallback.log_scalars(trainer, metrics, step=first + k)
+
+    def curve(self, name: str) -> tuple[Tensor, Tensor]:
+        """Steps (T,) and losses (T, E) recorded for ``name``."""
+        L = torch.cat(self.curves[name])
+        return torch.arange(L.shape[0], dtype=torch.float64), L
+
+    def epochs_to(self) -> dict[str, Tensor]:
+        """Epochs to reach each fraction of the initial loss, mean over members, per model (and prediction)."""
+        out = {}
+        for name in self.curves:
+            if self.curves[name]:
+                t, L = self.curve(name)
+                out[name] = theory.times_to_fraction(t, L, tuple(self.fractions)).mean(-1)
+        for name, (t, p) in self.predictions.items():
+            out[f"{name}_predicted"] = theory.times_to_fraction(t, p, tuple(self.fractions)).mean(-1)
+        return out
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or not any(self.curves.values()):
+            return
+        times = self.epochs_to()
+        metrics = {f"epochs_to/{name}/{f:g}": float(v) for name, vs in times.items() for f, v in zip(self.fractions, vs)
+                   if math.isfinite(float(v))}
+        PeriodicCallback.log_scalars(trainer, metrics)
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+        colours = plt.cm.tab10(np.arange(10))
+        lines = []
+        for i, name in enumerate(self.curves):
+            if not self.curves[name]:
+                continue
+            t, L = self.curve(name)
+            c = colours[i % 10]
+            ax.plot(t.numpy(), L.mean(-1).numpy(), color=c, lw=1.8, label=f"{name} (simulated)")
+            if name in self.predictions:
+                tp, p = self.predictions[name]
+                ax.plot(tp.numpy(), p.mean(-1).numpy(), color=c, ls="--", lw=1.2, label=f"{name} (predicted)")
+            lines.append(f"{name}: " + ", ".join(f"{v:.0f}" for v in times[name].tolist()))
+            if f"{name}_closed_form" in self.predictions:
+                tp, p = self.predictions[f"{name}_closed_form"]
+                ax.plot(tp.numpy(), p.mean(-1).numpy(), color=c, ls=":", lw=1.2, label=f"{name} (closed form)")
+                lines.append("closed form: " + ", ".join(f"{v:.0f}" for v in times[f"{name}_closed_form_predicted"].tolist()))
+        if self.log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("loss")
+        ax.legend(fontsize=8)
+        ax.set_title("epochs to " + "/".join(f"{f:g}" for f in self.fractions) + " of the initial loss\n" + "; ".join(lines),
+                     fontsize=7)
+        fig.tight_layout()
+        fig.savefig(output_path(trainer, "loss_curves.png"))
+        plt.close(fig)
+
+
+class PathwaySingularValues(PeriodicCallback):
+    """Each GDLN pathway's map projected on the modes of its effective dataset ([H] Eq. 5: the B of
+    Eq. 6), beside the race's prediction; PNG ``pathway_singular_values.png`` at the end.
+
+    TensorBoard: ``pathway_sv/<model>/<pathway>/mode<k>`` and ``..._predicted`` (member mean).
+
+    Args:
+        every_n_steps: training steps (chunks of ``epochs_per_step`` epochs) between records.
+        n_modes: modes per pathway.
+    """
+
+    def __init__(self, every_n_steps: int = 1, n_modes: int = 3) -> None:
+        super().__init__(every_n_steps)
+        if n_modes < 1:
+            raise ValueError(f"PathwaySingularValues: n_modes = {n_modes}; allowed: a positive integer")
+        self.n_modes = n_modes
+        self.history: dict[str, list] = {}
+
+    def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from zoo.gdln import GDLN
+
+        dm = trainer.datamodule
+        if dm.X.dim() != 2:
+            raise ValueError("PathwaySingularValues: needs one dataset (not an ensemble over data, e.g. a Delta list)")
+        self.gdlns = {n: m for n, m in _models(pl_module).items() if isinstance(m, GDLN)}
+        if not self.gdlns:
+            raise TypeError("PathwaySingularValues needs a GDLN (or a Comparison holding one)")
+        self.modes, self.race, self.history = {}, {}, {n: [] for n in self.gdlns}
+        epochs = _total_epochs(trainer, pl_module)
+        for name, m in self.gdlns.items():
+            syx, _ = theory.effective_datasets(dm.X, dm.Y, m.gating)
+            k = self.n_modes
+            modes = theory.pathway_modes(syx)
+            U = torch.stack([torch.nn.functional.pad(u[:, :k], (0, k - u[:, :k].shape[1])) for u, _, _ in modes])
+            V = torch.stack([torch.nn.functional.pad(v[:, :k], (0, k - v[:, :k].shape[1])) for _, _, v in modes])
+            self.modes[name] = (U, V)
+            t, maps, _ = theory.race_trajectory(dm.X, dm.Y, m.gating, epochs, tau=m.tau(dm.X.shape[0]),
+                                                a0=m.initial_mode_strength(), training=m.training_mode,
+                                                record_every=max(1, pl_module.epochs_per_step * self.every_n_steps))
+            self.race[name] = (t, torch.einsum("pok,tpoi,pik->tpk", U, maps, V))
+
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
+        epoch = pl_module.epochs_done
+        for name, m in self.gdlns.items():
+            U, V = self.modes[name]
+            sv = m.pathway_singular_values(U, V).mean(0)  # (P, k)
+            self.history[name].append((epoch, sv.cpu()))
+            t, pred = self.race[name]
+            i = int(torch.searchsorted(t, torch.tensor(epoch)).clamp(max=len(t) - 1))
+            metrics = {}
+            for p, pname in enumerate(m.gating.names):
+                for k in range(self.n_modes):
+                    metrics[f"pathway_sv/{name}/{pname}/mode{k}"] = float(sv[p, k])
+                    metrics[f"pathway_sv/{name}/{pname}/mode{k}_predicted"] = float(pred[i, p, k])
+            self.log_scalars(trainer, metrics, step=epoch)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or not self.history:
+            return
+        plt = _plt()
+        for name, m in self.gdlns.items():
+            P = m.gating.n_pathways
+            fig, axes = plt.subplots(1, P, figsize=(3.2 * P, 3.2), dpi=100, squeeze=False)
+            ep = np.array([e for e, _ in self.history[name]])
+            sv = torch.stack([s for _, s in self.history[name]]).numpy()
+            t, pred = self.race[name]
+            for p in range(P):
+                ax = axes[0, p]
+                for k in range(self.n_modes):
+                    ax.plot(ep, sv[:, p, k], color=plt.cm.viridis(k / max(self.n_modes, 2)), lw=1.6)
+                    ax.plot(t.numpy(), pred[:, p, k].numpy(), color="k", ls="--", lw=0.8)
+                ax.set_title(f"{name}: {m.gating.names[p]}", fontsize=8)
+                ax.set_xlabel("epoch")
+            axes[0, 0].set_ylabel("u_k^T W_p v_k (dashed: race)")
+            fig.tight_layout()
+            fig.savefig(output_path(trainer, f"pathway_singular_values_{name}.png"))
+            plt.close(fig)
+
+
+class XorLearningTimes(pl.Callback):
+    """[H] Fig. 2d: time to reach loss ``criterion`` vs the margin Delta, for every network of a
+    ``Comparison`` on ``XorMargin(Delta=[...])`` (one member per Delta), beside the closed forms
+    of the linear and XoR ReLNs ([H] App. C) and the crossover ``sqrt(2/3)``.
+
+    Needs a ``LossCurves`` callback in the same Trainer (it reads its record). TensorBoard:
+    ``xor_time/<model>/Delta=<D>`` and ``xor_time/closed_form_<kind>/Delta=<D>``; PNG ``xor_times.png``.
+    """
+
+    def __init__(self, criterion: float = 0.2) -> None:
+        if not 0 < criterion < 0.5:
+            raise ValueError(f"XorLearningTimes: criterion = {criterion}; allowed: a loss in (0, 0.5)")
+        self.criterion = criterion
+
+    def times(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[Tensor, dict[str, Tensor]]:
+        """Deltas (E,) and time to the criterion per model, simulated and closed form."""
+        curves = next((c for c in trainer.callbacks if isinstance(c, LossCurves)), None)
+        if curves is None:
+            raise TypeError("XorLearningTimes needs a callbacks.gdln.LossCurves in the same Trainer")
+        dm = trainer.datamodule
+        deltas = dm.deltas
+        out = {}
+        for name, m in _models(pl_module).items():
+            t, L = curves.curve(name)
+            crit = self.criterion * (4 if m.reduction == "sum" else 1)  # the closed forms use the mean loss
+            out[name] = theory.time_to_loss(t, L, crit)
+        m0 = next(iter(_models(pl_module).values()))
+        a0 = next((m.initial_mode_strength() for m in _models(pl_module).values() if hasattr(m, "initial_mode_strength")), 1e-6)
+        for kind in ("linear", "xor"):
+            out[f"closed_form_{kind}"] = theory.xor_time_to_loss(deltas, kind, tau=m0.tau(4), a0=a0, criterion=self.criterion)
+        return deltas, out
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        deltas, times = self.times(trainer, pl_module)
+        metrics = {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
+                   for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)}
+        PeriodicCallback.log_scalars(trainer, metrics)
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        style = {"closed_form_linear": dict(color="tab:blue", ls="-", lw=2.5, alpha=0.6, label="linear GDLN (closed form)"),
+                 "closed_form_xor": dict(color="tab:orange", ls="-", lw=2.5, alpha=0.6, label="XoR GDLN (closed form)")}
+        markers = iter(["o", "s", "^", "v", "D"])
+        for name, ts in times.items():
+            kw = style.get(name, dict(ls="none", marker=next(markers, "o"), ms=5, label=f"{name} (simulated)"))
+            ax.plot(deltas.numpy(), ts.numpy(), **kw)
+        ax.axvline(theory.xor_crossover(), color="grey", ls="--", lw=1, label="sqrt(2/3)")
+        ax.set_xlabel("Delta")
+        ax.set_ylabel(f"steps to loss {self.criterion:g}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(output_path(trainer, "xor_times.png"))
+        plt.close(fig)

@@ -1,0 +1,103 @@
+"""XoR with a linear margin ([H] Sec. 3, App. C Eqs. 11-12; THEORY.md sec. 2b).
+
+Four points in three dimensions: XoR in the first two, linearly separable with margin 2 Delta in
+the third. ``Delta`` may be a list: member e of an ensemble then trains on margin ``Delta[e]``
+(``X`` is (E, 4, 3)), so a sweep over margins is one fit. The datamodule also gives the gates of
+the two candidate ReLNs: "linear" (one pathway on the positive, one on the negative examples)
+and "xor" (four pathways, one per example).
+"""
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from zoo.theory.gdln import Gating
+
+
+class FullBatch(Dataset):
+    """The whole dataset as one batch, ``repeats`` times per epoch (full-batch gradient descent)."""
+
+    def __init__(self, X: Tensor, Y: Tensor, repeats: int) -> None:
+        self.X, self.Y, self.repeats = X, Y, repeats
+
+    def __len__(self) -> int:
+        return self.repeats
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.X, self.Y
+
+
+class GatedTask(pl.LightningDataModule):
+    """Base of the GDLN tasks: a fixed (X, Y) served as full batches, plus named gatings."""
+
+    GATINGS: tuple[str, ...] = ()
+
+    def __init__(self, batches_per_epoch: int = 1) -> None:
+        super().__init__()
+        if batches_per_epoch < 1:
+            raise ValueError(f"{type(self).__name__}: batches_per_epoch = {batches_per_epoch}; allowed: a positive integer")
+        self.batches_per_epoch = batches_per_epoch
+
+    @property
+    def X(self) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def Y(self) -> Tensor:
+        raise NotImplementedError
+
+    def gating(self, name: str) -> Gating:
+        raise NotImplementedError
+
+    def _check_gating(self, name: str) -> None:
+        if name not in self.GATINGS:
+            raise ValueError(f"{type(self).__name__}: gating = {name!r}; allowed: {', '.join(self.GATINGS)}")
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(FullBatch(self.X, self.Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+
+
+class XorMargin(GatedTask):
+    """The XoR task with margin ([H] App. C Eq. 11): columns (-1,-1,-D), (1,-1,D), (-1,1,D), (1,1,-D),
+    targets y = (-1, 1, 1, -1).
+
+    Args:
+        Delta: the margin parameter (>= 0), or a list (one per ensemble member).
+        batches_per_epoch: full batches per epoch (the module takes many GD steps per batch anyway).
+    """
+
+    GATINGS = ("linear", "xor")
+
+    def __init__(self, Delta: float | list[float] = 1.0, batches_per_epoch: int = 1) -> None:
+        super().__init__(batches_per_epoch)
+        deltas = [float(d) for d in Delta] if isinstance(Delta, (list, tuple)) else [float(Delta)]
+        if not deltas or any(not (math.isfinite(d) and d >= 0) for d in deltas):
+            raise ValueError(f"XorMargin: Delta = {Delta!r}; allowed: a number >= 0 or a non-empty list of them")
+        self.Delta = Delta
+        self.deltas = torch.tensor(deltas, dtype=torch.float64)
+
+    @property
+    def X(self) -> Tensor:
+        base = torch.tensor([[-1.0, -1.0, -1.0], [1.0, -1.0, 1.0], [-1.0, 1.0, 1.0], [1.0, 1.0, -1.0]], dtype=torch.float64)
+        X = base[None].repeat(len(self.deltas), 1, 1)
+        X[:, :, 2] *= self.deltas[:, None]
+        return (X[0] if len(self.deltas) == 1 else X).float()
+
+    @property
+    def Y(self) -> Tensor:
+        return torch.tensor([[-1.0], [1.0], [1.0], [-1.0]])
+
+    def gating(self, name: str) -> Gating:
+        """'linear': pathways on the positive / negative examples; 'xor': one pathway per example."""
+        self._check_gating(name)
+        if name == "linear":
+            gates = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+            names = ["positive", "negative"]
+        else:
+            gates, names = torch.eye(4), [f"example{i}" for i in range(4)]
+        P = gates.shape[1]
+        return Gating(gates, torch.ones(P, 3), torch.zeros(P, dtype=torch.bool), names)

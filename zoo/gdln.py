@@ -1,0 +1,413 @@
+"""Gated deep linear networks and the ReLU networks they imitate ([H] Secs. 2-5).
+
+``GDLN``: pathways (modules of hidden units) from input to output, one hidden layer each; pathway
+p reads the input features ``inputs[p]`` and is switched on for data point i by its node gate
+``g_p^i`` ([H] Eq. 1, ``h_v = g_v sum_e g_e W_e h_s(e)``). The gates come from the datamodule
+(``datamodule.gating(name)``, a ``zoo.theory.gdln.Gating``) and stay fixed in training, as in a
+ReLN ([H] Def. 3.1). ``ReLUNet``: the matching one- or two-hidden-layer ReLU network without
+biases. A ReLU net is a GDLN whose gates are ``step(pre-activation)`` recomputed every step, so
+both share one training loop.
+
+Loss ``1/(2N) sum_i |y_i - h_i|^2`` ([H] Eq. 2, ``reduction = "mean"``; ``tau = 1/lr``) or the
+authors' summed ``1/2 sum_i`` (``reduction = "sum"``; ``tau = 1/(N lr)``, [H] App. A), full-batch
+gradient descent. E members (their own draws of the init) train as batched tensor ops.
+
+Each ``training_step`` runs ``epochs_per_step`` full-batch epochs with hand-written gradients
+(no autograd, no per-epoch host sync): Lightning's per-step overhead is many times the cost of an
+epoch of these small networks. The updates are applied in place; an optimizer step without
+gradients then only advances ``global_step``, which so counts chunks: ``epochs_done = global_step *
+epochs_per_step``. The loss of every epoch is returned in the step's outputs (``epoch_loss``,
+(epochs_per_step, E)) for the callbacks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+from jsonargparse import lazy_instance
+from torch import Tensor, nn
+
+from zoo.divergence import check_finite
+from zoo.init import Gaussian, InitScheme, from_spec
+from zoo.theory.gdln import Gating
+
+MAX_MEMBER_TAGS = 16
+
+
+def _advance(module: pl.LightningModule) -> None:
+    """Step an optimizer whose parameters have no gradients: nothing changes but ``global_step``."""
+    opt = module.optimizers()
+    opt.zero_grad(set_to_none=True)
+    opt.step()
+
+
+class FullBatchNet(pl.LightningModule):
+    """Shared machinery: shapes from the datamodule, the GD loop, losses and logging."""
+
+    def __init__(self, init: InitScheme, ensemble: int | None, lr: float, reduction: str,
+                 epochs_per_step: int, seed: int) -> None:
+        super().__init__()
+        name = type(self).__name__
+        scheme = from_spec(init).checked()
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"{name}: lr = {lr}; allowed: a positive number")
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"{name}: reduction = {reduction!r}; allowed: 'mean' or 'sum'")
+        if epochs_per_step < 1:
+            raise ValueError(f"{name}: epochs_per_step = {epochs_per_step}; allowed: a positive integer")
+        E = scheme.ensemble_size if ensemble is None else ensemble
+        if E < 1 or (scheme.ensemble_size > 1 and E != scheme.ensemble_size):
+            raise ValueError(f"{name}: ensemble = {ensemble} but the init scheme describes {scheme.ensemble_size} "
+                             "members; leave ensemble unset or make them agree")
+        self.init_scheme, self.ensemble, self.lr, self.reduction = scheme, E, lr, reduction
+        self.epochs_per_step, self.seed = epochs_per_step, seed
+        self.labels = [f"seed{seed}+{e}" for e in range(E)] if scheme.ensemble_size == 1 else scheme.labels(E)
+        self.automatic_optimization = False
+        self.W = nn.ParameterList()
+
+    # -- structure ----------------------------------------------------------------------------
+    @property
+    def built(self) -> bool:
+        return len(self.W) > 0
+
+    def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def build(self, X: Tensor, Y: Tensor) -> None:
+        """Create the weights for data of these shapes (the Trainer calls it from ``setup``)."""
+        shapes = self.layer_shapes(X.shape[-1], Y.shape[-1])
+        ws = self.init_scheme.weights(shapes, ensemble=self.ensemble, generator=torch.Generator().manual_seed(self.seed))
+        self.W = nn.ParameterList([nn.Parameter(w) for w in ws])
+        for i, w in enumerate(ws):
+            self.register_buffer(f"W{i}_init", w.clone())
+
+    def setup(self, stage: str) -> None:
+        if not self.built:
+            dm = self.trainer.datamodule
+            self.attach(dm)
+            self.build(dm.X, dm.Y)
+
+    def attach(self, datamodule) -> None:
+        """Read what the module needs from the datamodule besides (X, Y) (GDLN: its gates)."""
+
+    def tau(self, N: int) -> float:
+        """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
+        return 1.0 / (self.lr * (N if self.reduction == "sum" else 1))
+
+    def _gates(self, pre: Tensor, layer: int) -> Tensor:
+        """The gates of hidden layer ``layer`` given its pre-activations (E, N, H)."""
+        raise NotImplementedError
+
+    def _input_mask(self) -> Tensor | None:
+        return None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (N, n_in) or (E, N, n_in); returns (E, N, n_out)."""
+        return self._forward(x.to(self.W[0].dtype), [w.detach() for w in self.W])[0]
+
+    def _forward(self, x: Tensor, Ws: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        mask = self._input_mask()
+        acts, gates = [x], []
+        h = x
+        for layer, W in enumerate(Ws[:-1]):
+            if layer == 0 and mask is not None:
+                W = W * mask
+            pre = h @ W.transpose(-1, -2)
+            g = self._gates(pre, layer)
+            h = pre * g
+            acts.append(h)
+            gates.append(g)
+        return h @ Ws[-1].transpose(-1, -2), acts, gates
+
+    def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The loss ``1/(2N) sum_i |y_i - h_i|^2`` (or ``1/2 sum_i`` with reduction 'sum') per member, (E,)."""
+        x, y = batch
+        out = self(x)
+        scale = 1.0 if self.reduction == "sum" else 1.0 / y.shape[-2]
+        return 0.5 * scale * (out - y.to(out)).pow(2).sum((-1, -2))
+
+    # -- gradients ------------------------------------------------------------------------------
+    def _grads(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """Gradients of the loss for every weight (E, out, in) and the loss before the step (E,)."""
+        scale = 1.0 if self.reduction == "sum" else 1.0 / y.shape[-2]
+        out, acts, gates = self._forward(x, Ws)
+        err = out - y
+        loss = 0.5 * scale * err.pow(2).sum((-1, -2))
+        errs = self._output_errors(err, out, acts[-1], Ws[-1], y)
+        grads: list[Tensor] = [None] * len(Ws)  # type: ignore[list-item]
+        grads[-1] = errs.transpose(-1, -2) @ acts[-1] if errs.dim() == err.dim() else None
+        if scale != 1.0 and grads[-1] is not None:
+            grads[-1] = grads[-1] * scale
+        delta = self._backprop_last(errs, Ws[-1], acts[-1], grads, scale)
+        for layer in range(len(Ws) - 2, -1, -1):
+            delta = delta * gates[layer]
+            g = delta.transpose(-1, -2) @ acts[layer]
+            if scale != 1.0:
+                g = g * scale
+            if x.dim() == 2 and g.dim() == 2:
+                g = g.expand_as(Ws[layer])
+            if layer == 0 and self._input_mask() is not None:
+                g = g * self._input_mask()
+            grads[layer] = g
+            if layer > 0:
+                delta = delta @ Ws[layer]
+        return grads, loss
+
+    def _output_errors(self, err: Tensor, out: Tensor, h: Tensor, W_out: Tensor, y: Tensor) -> Tensor:
+        return err
+
+    def _backprop_last(self, errs: Tensor, W_out: Tensor, h: Tensor, grads: list[Tensor], scale: float) -> Tensor:
+        return errs @ W_out
+
+    # -- training ---------------------------------------------------------------------------------
+    @property
+    def epochs_done(self) -> int:
+        return self.global_step * self.epochs_per_step
+
+    def run_epochs(self, x: Tensor, y: Tensor, n: int) -> Tensor:
+        """``n`` full-batch gradient steps in place; returns the loss before each step, (n, E)."""
+        dtype = self.W[0].dtype
+        x, y = x.to(dtype), y.to(dtype)
+        losses = torch.empty(n, self.ensemble, dtype=dtype, device=x.device)
+        Ws = [w.data for w in self.W]
+        with torch.no_grad():
+            for k in range(n):
+                grads, losses[k] = self._grads(x, y, Ws)
+                for W, g in zip(Ws, grads):
+                    W.sub_(g, alpha=self.lr)
+        return losses
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
+        x, y = batch
+        first_epoch = self.epochs_done
+        losses = self.run_epochs(x, y, self.epochs_per_step)
+        check_finite(losses[-1], step=first_epoch + self.epochs_per_step - 1, labels=self.labels,
+                     hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
+                     "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
+        _advance(self)
+        self.log("loss", losses[0].mean(), prog_bar=True)
+        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
+        return {"loss": losses[0].sum(), "epoch_loss": losses.detach(), "first_epoch": first_epoch}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class GDLN(FullBatchNet):
+    """A one-hidden-layer gated deep linear network ([H] Eqs. 1-2) with the gates of a datamodule.
+
+    Hidden units are grouped in pathways of ``n_hidden`` units; unit j of pathway p computes
+    ``g_p^i w_j^T (M_p x_i)`` and all pathways write to the whole output.
+
+    Args:
+        gating: name of the datamodule's gating ("reln", "single", "linear", "xor", ...).
+        n_hidden: hidden units per pathway ([H] App. H: 100).
+        init: init scheme for both layers ([H] App. H: Gaussian, scale 1e-7).
+        ensemble: members (independent draws); default: the scheme's list length.
+        lr: gradient-descent step.
+        reduction: 'mean' (``1/(2N) sum``) or 'sum' (the authors' ``1/2 sum``).
+        training: 'joint' (one loss, [H] Eq. 2) or 'two_loss' (the authors' code: common
+            pathways learn the target, the others the residual ``Y - Y_common``; both gradients
+            are applied each step. The context pathways' gradient is the same as under 'joint';
+            only the common pathways stop seeing the others' output).
+        epochs_per_step: full-batch epochs per ``training_step``.
+        seed: seed of the initial weights.
+    """
+
+    def __init__(
+        self,
+        gating: str = "reln",
+        n_hidden: int = 100,
+        init: InitScheme = lazy_instance(Gaussian, sigma=1e-7),
+        ensemble: int | None = None,
+        lr: float = 1e-3,
+        reduction: Literal["mean", "sum"] = "sum",
+        training: Literal["joint", "two_loss"] = "joint",
+        epochs_per_step: int = 100,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(init, ensemble, lr, reduction, epochs_per_step, seed)
+        if n_hidden < 1:
+            raise ValueError(f"GDLN: n_hidden = {n_hidden}; allowed: a positive integer")
+        if training not in ("joint", "two_loss"):
+            raise ValueError(f"GDLN: training = {training!r}; allowed: 'joint' or 'two_loss'")
+        self.save_hyperparameters(ignore=["init"])
+        self.hparams["init"] = self.init_scheme.spec()
+        self.gating_name, self.n_hidden, self.training_mode = gating, n_hidden, training
+        self.gating: Gating | None = None
+
+    def attach(self, datamodule) -> None:
+        if not callable(getattr(datamodule, "gating", None)):
+            raise TypeError(f"GDLN needs a datamodule with gating(name); {type(datamodule).__name__} has none")
+        self.set_gating(datamodule.gating(self.gating_name))
+
+    def set_gating(self, gating: Gating) -> None:
+        """Use these gates; pathways are laid out common ones first (so the two-loss split is a slice)."""
+        order = sorted(range(gating.n_pathways), key=lambda p: not bool(gating.common[p]))
+        self.gating = Gating(gating.gates[..., order], gating.inputs[order], gating.common[order],
+                             [gating.names[p] for p in order])
+        n = self.n_hidden
+        self.register_buffer("unit_gates", self.gating.gates.float().repeat_interleave(n, dim=-1), persistent=False)
+        self.register_buffer("unit_inputs", self.gating.inputs.float().repeat_interleave(n, dim=0), persistent=False)
+        self.n_common_units = int(self.gating.common.sum()) * n
+
+    def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:
+        if self.gating is None:
+            raise RuntimeError("GDLN: call set_gating(...) (or train with a datamodule) before build")
+        H = self.gating.n_pathways * self.n_hidden
+        return [(H, n_in), (n_out, H)]
+
+    def _gates(self, pre: Tensor, layer: int) -> Tensor:
+        return self.unit_gates.to(pre)
+
+    def _input_mask(self) -> Tensor | None:
+        return self.unit_inputs.to(self.W[0].dtype) if self.gating is not None else None
+
+    def _two_loss(self) -> bool:
+        return self.training_mode == "two_loss" and 0 < self.n_common_units < self.unit_gates.shape[-1]
+
+    def _output_errors(self, err: Tensor, out: Tensor, h: Tensor, W_out: Tensor, y: Tensor) -> Tensor:
+        if not self._two_loss():
+            return err
+        c = self.n_common_units
+        err_common = h[..., :c] @ W_out[..., :c].transpose(-1, -2) - y
+        return torch.stack([err_common, err])  # (2, E, N, n_out): common units' error, the others'
+
+    def _backprop_last(self, errs: Tensor, W_out: Tensor, h: Tensor, grads: list[Tensor], scale: float) -> Tensor:
+        if errs.dim() == h.dim():
+            return errs @ W_out
+        c = self.n_common_units
+        grads[-1] = scale * torch.cat([errs[0].transpose(-1, -2) @ h[..., :c], errs[1].transpose(-1, -2) @ h[..., c:]], -1)
+        # (the caller's scaling of grads[-1] is skipped for this stacked error)
+        return torch.cat([errs[0] @ W_out[..., :c], errs[1] @ W_out[..., c:]], -1)
+
+    # -- analytic quantities --------------------------------------------------------------------
+    def pathway_maps(self) -> Tensor:
+        """Each pathway's network map ``W2_p diag(M_p) W1_p`` (E, P, n_out, n_in) (its gate not applied)."""
+        W1 = (self.W[0].detach() * self._input_mask())
+        W2 = self.W[1].detach()
+        E, H, n_in = W1.shape
+        P, n = self.gating.n_pathways, self.n_hidden
+        return torch.einsum("eopj,epji->epoi", W2.reshape(E, -1, P, n), W1.reshape(E, P, n, n_in))
+
+    def pathway_singular_values(self, U: Tensor | None = None, V: Tensor | None = None) -> Tensor:
+        """Singular values of each pathway's map (E, P, k); with task modes ``U`` (P, n_out, k),
+        ``V`` (P, n_in, k) (from ``zoo.theory.gdln.pathway_modes``), the projections ``u_a^T W_p v_a``
+        instead ([H] Eq. 5, the B of Eq. 6)."""
+        M = self.pathway_maps().double()
+        if U is None:
+            return torch.linalg.svdvals(M)
+        return torch.einsum("pok,epoi,pik->epk", U.to(M), M, V.to(M))
+
+    def initial_mode_strength(self) -> float:
+        """The initial strength a0 of a pathway mode for the race ([H] Eq. 6): ``sigma^2 n_hidden``.
+
+        From a small random init the hidden units of a pathway align with its top mode before the
+        mode grows, so the mode starts from ``(|W1_p v|^2 + |W2_p^T u|^2)/2 ~ n_hidden sigma^2``, not
+        from the rms entry of the initial map (measured from the initial weights, averaged)."""
+        mask = self._input_mask().double().expand_as(self.W0_init)
+        W1, W2 = self.W0_init.double(), self.W1_init.double()
+        sigma2 = (W1.pow(2)[mask > 0].sum() + W2.pow(2).sum()) / (mask.sum() + W2.numel())
+        return float(sigma2 * self.n_hidden)
+
+
+class ReLUNet(FullBatchNet):
+    """A ReLU network without biases, ``y = W_L relu(... relu(W_1 x))`` ([H] Secs. 3-6).
+
+    Args:
+        hidden: hidden widths, e.g. ``[700]`` or ``[700, 700]`` ([H] App. H: 700; Sec. 6: two layers).
+        init, ensemble, lr, reduction, epochs_per_step, seed: as for ``GDLN`` (same defaults, so
+            a ReLU net and its ReLN start at the same scale and learn at the same rate).
+    """
+
+    def __init__(
+        self,
+        hidden: list[int] = [700],
+        init: InitScheme = lazy_instance(Gaussian, sigma=1e-7),
+        ensemble: int | None = None,
+        lr: float = 1e-3,
+        reduction: Literal["mean", "sum"] = "sum",
+        epochs_per_step: int = 100,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(init, ensemble, lr, reduction, epochs_per_step, seed)
+        if not hidden or any(int(h) < 1 for h in hidden) or len(hidden) > 2:
+            raise ValueError(f"ReLUNet: hidden = {hidden}; allowed: one or two positive widths, e.g. [700]")
+        self.save_hyperparameters(ignore=["init"])
+        self.hparams["init"] = self.init_scheme.spec()
+        self.hidden = [int(h) for h in hidden]
+
+    def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:
+        dims = [n_in, *self.hidden, n_out]
+        return [(b, a) for a, b in zip(dims[:-1], dims[1:])]
+
+    def _gates(self, pre: Tensor, layer: int) -> Tensor:
+        return (pre > 0).to(pre.dtype)
+
+    def activation_patterns(self, x: Tensor) -> list[Tensor]:
+        """Binary activation pattern of every hidden unit over the data points, one (E, N, H) bool
+        tensor per hidden layer ([H] App. B: the rows k-means clusters into gates)."""
+        _, _, gates = self._forward(x.to(self.W[0].dtype), [w.detach() for w in self.W])
+        return [g.bool() for g in gates]
+
+
+class Comparison(pl.LightningModule):
+    """Several full-batch networks trained side by side on one datamodule, e.g. a ReLU net, its
+    ReLN and a GDLN that does not match ([H] Figs. 2, 4, 5).
+
+    One fit, one set of loss curves on one plot and in one TensorBoard chart: the comparison is
+    the experiment, so the networks are members of one module rather than a callback's side job.
+    Each model keeps its own init, ensemble and learning rate; ``epochs_per_step`` here overrides
+    theirs so they stay in lockstep.
+
+    Args:
+        models: the networks (``GDLN``, ``ReLUNet``, ...), built from the datamodule at setup.
+        names: a short name per model (default: class name, plus the gating for a GDLN).
+        epochs_per_step: full-batch epochs per ``training_step`` for every model.
+    """
+
+    def __init__(self, models: list[FullBatchNet], names: list[str] | None = None, epochs_per_step: int = 100) -> None:
+        super().__init__()
+        if not models:
+            raise ValueError("Comparison: models is empty; allowed: a non-empty list of GDLN / ReLUNet")
+        if names is not None and len(names) != len(models):
+            raise ValueError(f"Comparison: {len(names)} names for {len(models)} models; give one name per model")
+        if epochs_per_step < 1:
+            raise ValueError(f"Comparison: epochs_per_step = {epochs_per_step}; allowed: a positive integer")
+        self.models = nn.ModuleList(models)
+        self.names = names or [type(m).__name__ + (f"_{m.gating_name}" if isinstance(m, GDLN) else "") for m in models]
+        self.epochs_per_step = epochs_per_step
+        for m in models:
+            m.epochs_per_step = epochs_per_step
+        self.automatic_optimization = False
+
+    @property
+    def epochs_done(self) -> int:
+        return self.global_step * self.epochs_per_step
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule
+        for m in self.models:
+            if not m.built:
+                m.attach(dm)
+                m.build(dm.X, dm.Y)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
+        x, y = batch
+        first_epoch = self.epochs_done
+        out = {}
+        for name, m in zip(self.names, self.models):
+            losses = m.run_epochs(x, y, self.epochs_per_step)
+            check_finite(losses[-1], step=first_epoch + self.epochs_per_step - 1,
+                         labels=[f"{name}/{lbl}" for lbl in m.labels],
+                         hint=f"lr = {m.lr} is probably too large for this task; try lr / 10.")
+            out[name] = losses.detach()
+            self.log(f"loss/{name}", losses[0].mean())
+        _advance(self)
+        return {"loss": sum(l[0].sum() for l in out.values()), "epoch_loss": out, "first_epoch": first_epoch}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1.0)  # never sees a gradient: updates are in place
