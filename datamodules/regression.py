@@ -33,7 +33,7 @@ class TaskModes(NamedTuple):
     c: float
 
 
-class _RepeatedBatch(Dataset):
+class RepeatedBatch(Dataset):
     """The whole dataset as one batch, ``repeats`` times: one epoch = ``repeats`` GD steps."""
 
     def __init__(self, X: Tensor, Y: Tensor, repeats: int) -> None:
@@ -112,7 +112,7 @@ class LinearTask(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         X, Y = self._data()
         if self.batch_size is None:
-            return DataLoader(_RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+            return DataLoader(RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
         g = torch.Generator().manual_seed(self.seed)
         return DataLoader(TensorDataset(X, Y), batch_size=self.batch_size, shuffle=True, generator=g, drop_last=False)
 

@@ -13,22 +13,10 @@ import math
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from datamodules.regression import RepeatedBatch
 from zoo.theory.gdln import Gating
-
-
-class FullBatch(Dataset):
-    """The whole dataset as one batch, ``repeats`` times per epoch (full-batch gradient descent)."""
-
-    def __init__(self, X: Tensor, Y: Tensor, repeats: int) -> None:
-        self.X, self.Y, self.repeats = X, Y, repeats
-
-    def __len__(self) -> int:
-        return self.repeats
-
-    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        return self.X, self.Y
 
 
 class GatedTask(pl.LightningDataModule):
@@ -58,7 +46,7 @@ class GatedTask(pl.LightningDataModule):
             raise ValueError(f"{type(self).__name__}: gating = {name!r}; allowed: {', '.join(self.GATINGS)}")
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(FullBatch(self.X, self.Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+        return DataLoader(RepeatedBatch(self.X, self.Y, self.batches_per_epoch), batch_size=None, shuffle=False)
 
 
 class XorMargin(GatedTask):

@@ -15,14 +15,7 @@ from zoo.init import Gaussian
 from zoo.theory import gdln as th
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These networks are far too small to gain from threads, and on a loaded CPU a second
-    OpenMP thread makes every tiny op wait for a core (measured 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gdln(dm, gating, **kw) -> GDLN:
