@@ -159,12 +159,13 @@ class TaskForgetting(HistoryCallback):
         self._tests = [dm.test_set(t) for t in range(self.n_tasks)]
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Tensor]:
-        m = task_metrics(pl_module, self._tests)
         step = trainer.global_step
-        if not self.history["steps"] or self.history["steps"][-1] != step:
-            self.history["steps"].append(step)
-            self.history["error"].append(m["error"])
-            self.history["loss"].append(m["loss"])
+        if self.history["steps"] and self.history["steps"][-1] == step:  # the switch is also due: once
+            return {"error": self.history["error"][-1], "loss": self.history["loss"][-1]}
+        m = task_metrics(pl_module, self._tests)
+        self.history["steps"].append(step)
+        self.history["error"].append(m["error"])
+        self.history["loss"].append(m["loss"])
         labels = pl_module.labels[: self.max_members]
         scalars = {}
         for key in ("error", "loss"):
