@@ -10,6 +10,7 @@ from callbacks.ntk import NTKDistance
 from callbacks.phase import PhaseDiagram
 from callbacks.rsm import RSM
 from callbacks.singular_values import SingularValues
+from callbacks.sparsity import Sparsity
 from callbacks.task_forgetting import TaskForgetting
 from callbacks.teacher_student import Entropies, OrderParameters, TheoryOverlay
 from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
@@ -17,6 +18,6 @@ from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 __all__ = [
     "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
     "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
-    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "SweepFigure", "TaskForgetting", "TheoryOverlay",
+    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "SweepFigure", "TaskForgetting", "TheoryOverlay",
     "XorLearningTimes", "log_matrix", "matrix_to_image",
 ]
