@@ -8,6 +8,7 @@ from callbacks.images import log_matrix, matrix_to_image
 from callbacks.network_map import NetworkMap
 from callbacks.ntk import NTKDistance
 from callbacks.phase import PhaseDiagram
+from callbacks.reln import ActivationPatterns, HiddenMDS
 from callbacks.rsm import RSM
 from callbacks.singular_values import SingularValues
 from callbacks.sparsity import Sparsity
@@ -16,8 +17,8 @@ from callbacks.teacher_student import Entropies, OrderParameters, TheoryOverlay
 from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 
 __all__ = [
-    "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
-    "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
+    "ActivationPatterns", "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
+    "HiddenMDS", "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
     "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "SweepFigure", "TaskForgetting", "TheoryOverlay",
     "XorLearningTimes", "log_matrix", "matrix_to_image",
 ]
