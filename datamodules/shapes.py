@@ -397,8 +397,9 @@ class _FactorImages(pl.LightningDataModule):
 
     spec: _Spec
 
-    def __init__(self, data_dir: str, path: str | None, generate: bool, resolution: int, subsample: Subsample,
-                 batch_size: int, seed: int, num_workers: int, val_size: int, processes: int | None) -> None:
+    def __init__(self, data_dir: str = "data", path: str | None = None, generate: bool = False,
+                 resolution: int = 64, subsample: Subsample = None, batch_size: int = 64, seed: int = 0,
+                 num_workers: int = 0, val_size: int = 0, processes: int | None = None) -> None:
         super().__init__()
         who = type(self).__name__
         _check_resolution(resolution, who)
@@ -557,12 +558,6 @@ class Shapes3D(_FactorImages):
 
     spec = SHAPES3D
 
-    def __init__(self, data_dir: str = "data", path: str | None = None, generate: bool = False,
-                 resolution: int = 64, subsample: Subsample = None, batch_size: int = 64, seed: int = 0,
-                 num_workers: int = 0, val_size: int = 0, processes: int | None = None) -> None:
-        super().__init__(data_dir, path, generate, resolution, subsample, batch_size, seed, num_workers, val_size,
-                         processes)
-
     def _generate(self, path: Path) -> None:
         generate_shapes3d(path, self.resolution, self.hparams.subsample, self.processes)
 
@@ -578,12 +573,6 @@ class DSprites(_FactorImages):
     ``dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz``; generated "dSprites-like")."""
 
     spec = DSPRITES
-
-    def __init__(self, data_dir: str = "data", path: str | None = None, generate: bool = False,
-                 resolution: int = 64, subsample: Subsample = None, batch_size: int = 64, seed: int = 0,
-                 num_workers: int = 0, val_size: int = 0, processes: int | None = None) -> None:
-        super().__init__(data_dir, path, generate, resolution, subsample, batch_size, seed, num_workers, val_size,
-                         processes)
 
     def _generate(self, path: Path) -> None:
         generate_dsprites(path, self.resolution, self.hparams.subsample, self.processes)
