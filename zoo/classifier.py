@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from zoo.divergence import check_finite
 from zoo.ewc import EWC, EWCState
 from zoo.init import EntropyMix, Gaussian, InitScheme, from_spec
-from zoo.student import MAX_MEMBER_TAGS, _grid, _replicate_schemes, member_labels
+from zoo.ensemble import MAX_MEMBER_TAGS, grid_product, member_labels, replicate_schemes
 
 Activation = Literal["sigmoid", "erf", "relu", "tanh"]
 
@@ -117,7 +117,7 @@ class MultiHeadClassifier(pl.LightningModule):
         if ewc is not None:
             self.hparams["ewc"] = asdict(ewc)
         if grid:
-            schemes, lists = _grid(schemes, {"seed": seeds, "xi": xis})
+            schemes, lists = grid_product(schemes, {"seed": seeds, "xi": xis})
             seeds, xis = lists["seed"], lists["xi"]
         schemes = {key: scheme.checked() for key, scheme in schemes.items()}
         sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
@@ -135,11 +135,11 @@ class MultiHeadClassifier(pl.LightningModule):
         self.n_in, self.hidden, self.n_classes, self.n_tasks = int(n_in), int(hidden), int(n_classes), int(n_tasks)
         self.activation, self.lr, self.schemes, self.G = activation, float(lr), schemes, int(data_sets)
         base = 0 if seeds is not None else int(seed)
-        W = _replicate_schemes(schemes["init_w"], E0, seeds, [(self.hidden, self.n_in)], base)
+        W = replicate_schemes(schemes["init_w"], E0, seeds, [(self.hidden, self.n_in)], base)
         heads = []
         for t in range(self.n_tasks):
             scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
-            heads.append(_replicate_schemes(scheme, E0, seeds, [(self.n_classes, self.hidden)], base + 1 + t))
+            heads.append(replicate_schemes(scheme, E0, seeds, [(self.n_classes, self.hidden)], base + 1 + t))
         self.base_labels = member_labels(schemes, E0, seeds, self.xis)
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0))
         self.heads = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0))  # (E, T, C, H)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from zoo.divergence import check_finite
 from zoo.init import Imbalance, InitScheme, from_spec
-from zoo.student import _grid
+from zoo.ensemble import grid_product
 
 
 class SparseAutoencoder(pl.LightningModule):
@@ -70,7 +70,7 @@ class SparseAutoencoder(pl.LightningModule):
         self.save_hyperparameters()
         self.hparams["init"] = scheme.spec()
         if grid:
-            schemes, lists = _grid({"init": scheme}, {"l1": l1s})
+            schemes, lists = grid_product({"init": scheme}, {"l1": l1s})
             scheme, l1s = schemes["init"], lists["l1"]
         E = scheme.ensemble_size
         if len(l1s) > 1 and E > 1 and len(l1s) != E:

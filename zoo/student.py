@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from zoo.divergence import check_finite
 from zoo.ewc import EWC, EWCState
+from zoo.ensemble import MAX_MEMBER_TAGS, grid_product, member_labels, replicate_schemes
 from zoo.init import Gaussian, InitScheme, Polar, from_spec
 
 # the update is explicit SGD without a torch optimizer, so Lightning's note about it is noise
@@ -48,8 +49,6 @@ warnings.filterwarnings("ignore", message=r".*`configure_optimizers` returned `N
 
 Activation = Literal["erf", "relu", "sigmoid", "linear"]
 ACTIVATIONS = ("erf", "relu", "sigmoid", "linear")
-MAX_MEMBER_TAGS = 32
-"""Ensembles up to this size log one loss curve per member; larger ones log the mean."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -89,59 +88,6 @@ def _dphi_u(activation: str, u: Tensor, phi: Tensor) -> Tensor | None:
 def phi(activation: str, lam: Tensor) -> Tensor:
     """The student's activation ``phi(lam)``: ``erf(lam / sqrt 2)``, ``relu``, ``sigmoid`` or identity."""
     return _phi_u(activation, lam * _kappa(activation))
-
-
-def _replicate_schemes(scheme: InitScheme, E: int, seeds: list[int] | None, shapes, gen_seed: int) -> Tensor:
-    """Weights of one layer for E members; with per-member seeds, member e is drawn from seeds[e]."""
-    if seeds is None:
-        return scheme.weights(shapes, ensemble=E, generator=torch.Generator().manual_seed(gen_seed))[0]
-    out = []
-    for e in range(E):  # initialisation only: one small draw per member
-        member = scheme.member(e)
-        out.append(member.weights(shapes, ensemble=1, generator=torch.Generator().manual_seed(seeds[e] + gen_seed))[0])
-    return torch.cat(out)
-
-
-def _grid(schemes: dict[str, InitScheme], lists: dict[str, list | None]) -> tuple[dict[str, InitScheme], dict[str, list | None]]:
-    """Schemes (copies) and per-member lists (``seed``, ``xi``) whose list-valued entries
-    enumerate the Cartesian product of all of them (the last-listed varies fastest)."""
-    import copy
-    import itertools
-
-    axes = [(key, name, values) for key, sch in schemes.items() for name, values in sch._params.items() if len(values) > 1]
-    axes += [(None, name, values) for name, values in lists.items() if values is not None and len(values) > 1]
-    combos = list(itertools.product(*[values for _, _, values in axes]))
-    out = {key: copy.copy(sch) for key, sch in schemes.items()}
-    for sch in out.values():
-        sch._params = dict(sch._params)
-    lists = dict(lists)
-    for i, (key, name, _) in enumerate(axes):
-        column = [c[i] for c in combos]
-        if key is None:
-            lists[name] = column
-        else:
-            out[key]._params[name] = column
-    return out, lists
-
-
-def member_labels(schemes: dict[str, InitScheme], E: int, seeds: list[int] | None = None,
-                  xis: list[float] | None = None) -> list[str]:
-    """One label per member from the varying parameters, e.g. ``theta=0.3927,xi=1`` (``2`` marks a
-    later head's parameter: ``theta2``)."""
-    parts = [[] for _ in range(E)]
-    for key, scheme in schemes.items():
-        varying = [k for k, v in scheme._params.items() if len(v) > 1]
-        for e in range(E):
-            parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme._params[k][e]:.4g}" for k in varying]
-    if seeds is not None and len(set(seeds)) > 1:
-        for e in range(E):
-            parts[e].append(f"seed={seeds[e]}")
-    if xis is not None and len(set(xis)) > 1:
-        for e in range(E):
-            parts[e].append(f"xi={xis[e]:g}")
-    if E > 1 and not any(parts):
-        return [f"member{e}" for e in range(E)]
-    return [",".join(p) or "member0" for p in parts]
 
 
 class MultiHeadStudent(pl.LightningModule):
@@ -213,7 +159,7 @@ class MultiHeadStudent(pl.LightningModule):
         if ewc is not None:
             self.hparams["ewc"] = asdict(ewc)
         if grid:
-            schemes, lists = _grid(schemes, {"seed": seeds, "xi": xis})
+            schemes, lists = grid_product(schemes, {"seed": seeds, "xi": xis})
             seeds, xis = lists["seed"], lists["xi"]
         schemes = {key: scheme.checked() for key, scheme in schemes.items()}
         sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
@@ -235,11 +181,11 @@ class MultiHeadStudent(pl.LightningModule):
         self.schemes, self.G = schemes, int(teacher_sets)
         self.automatic_optimization = False
         base_seed = 0 if seeds is not None else int(seed)
-        W = _replicate_schemes(schemes["init_w"], E0, seeds, [(self.p, self.d)], base_seed)
+        W = replicate_schemes(schemes["init_w"], E0, seeds, [(self.p, self.d)], base_seed)
         heads = []
         for t in range(self.n_tasks):
             scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
-            heads.append(_replicate_schemes(scheme, E0, seeds, [(1, self.p)], base_seed + 1 + t)[:, 0])
+            heads.append(replicate_schemes(scheme, E0, seeds, [(1, self.p)], base_seed + 1 + t)[:, 0])
         self.base_labels = member_labels(self.schemes, E0, seeds, self.xis)
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
         self.h = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0), requires_grad=False)
