@@ -60,10 +60,15 @@ def predicted_loss(model, X: Tensor, Y: Tensor, epochs: int, record_every: int =
 
 
 def closed_form_loss(model, datamodule, steps: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The corrected closed form of [H] App. F-G (m = C - 1) for a ReLN on the symmetric task, or None."""
+    """The corrected closed form of [H] App. F-G (m = C - 1) for a ReLN on the symmetric task, or None.
+
+    Only for a ReLN trained with ``training='residual'``: the closed form solves that scheme (the
+    context pathways learn the fixed residual from the start). A jointly trained ReLN learns
+    faster (its context pathways grow while the common pathway learns); its theory is the race."""
     from zoo.gdln import GDLN
 
-    if not (isinstance(model, GDLN) and model.gating_name == "reln" and getattr(datamodule, "structure", "") == "same"):
+    if not (isinstance(model, GDLN) and model.gating_name == "reln" and model.training_mode == "residual"
+            and getattr(datamodule, "structure", "") == "same"):
         return None
     X, Y = datamodule.X, datamodule.Y
     unit = X.shape[0] if model.reduction == "sum" else 1.0
@@ -86,7 +91,8 @@ class LossCurves(pl.Callback):
         predict: draw the theory (the race can take a few seconds for 8,000 epochs).
         log_y: logarithmic loss axis.
         closed_form: also draw the symmetric-context closed form ([H] App. F-G, corrected) for a
-            ReLN on ``Contexts(structure='same')``, as ``<model>_closed_form``.
+            ReLN trained with ``training='residual'`` on ``Contexts(structure='same')``, as
+            ``<model>_closed_form``.
     """
 
     def __init__(self, every_n_epochs: int = 50, fractions: list[float] = [0.5, 0.1, 0.01], predict: bool = True,
@@ -172,7 +178,7 @@ class LossCurves(pl.Callback):
             lines.append(f"{name}: " + ", ".join(f"{v:.0f}" for v in times[name].tolist()))
             if f"{name}_closed_form" in self.predictions:
                 tp, p = self.predictions[f"{name}_closed_form"]
-                ax.plot(tp.numpy(), p.mean(-1).numpy(), color=c, ls=":", lw=1.2, label=f"{name} (closed form)")
+                ax.plot(tp.numpy(), p.mean(-1).numpy(), color=c, lw=5, alpha=0.3, label=f"{name} (closed form)")  # wide: the race runs on it
                 lines.append("closed form: " + ", ".join(f"{v:.0f}" for v in times[f"{name}_closed_form_predicted"].tolist()))
         if self.log_y:
             ax.set_yscale("log")

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from zoo.divergence import check_finite
 from zoo.init import Gaussian, InitScheme, from_spec
-from zoo.theory.gdln import Gating
+from zoo.theory.gdln import Gating, common_limit
 
 MAX_MEMBER_TAGS = 16
 
@@ -209,10 +209,14 @@ class GDLN(FullBatchNet):
         ensemble: members (independent draws); default: the scheme's list length.
         lr: gradient-descent step.
         reduction: 'mean' (``1/(2N) sum``) or 'sum' (the authors' ``1/2 sum``).
-        training: 'joint' (one loss, [H] Eq. 2) or 'two_loss' (the authors' code: common
+        training: 'joint' (one loss, [H] Eq. 2), 'two_loss' (the authors' code: common
             pathways learn the target, the others the residual ``Y - Y_common``; both gradients
             are applied each step. The context pathways' gradient is the same as under 'joint';
-            only the common pathways stop seeing the others' output).
+            only the common pathways stop seeing the others' output) or 'residual' (the scheme
+            [H] App. F derives its closed forms for: the common pathways learn the target alone,
+            the others the FIXED residual ``Y* = Y - Y_common(inf)``, ``zoo.theory.gdln.common_limit``,
+            from the first step, so they do not wait for the common pathway; the closed forms
+            of ``zoo.theory.gdln.contexts_closed_form`` describe this network).
         epochs_per_step: full-batch epochs per ``training_step``.
         seed: seed of the initial weights.
     """
@@ -225,15 +229,15 @@ class GDLN(FullBatchNet):
         ensemble: int | None = None,
         lr: float = 1e-3,
         reduction: Literal["mean", "sum"] = "sum",
-        training: Literal["joint", "two_loss"] = "joint",
+        training: Literal["joint", "two_loss", "residual"] = "joint",
         epochs_per_step: int = 100,
         seed: int = 0,
     ) -> None:
         super().__init__(init, ensemble, lr, reduction, epochs_per_step, seed)
         if n_hidden < 1:
             raise ValueError(f"GDLN: n_hidden = {n_hidden}; allowed: a positive integer")
-        if training not in ("joint", "two_loss"):
-            raise ValueError(f"GDLN: training = {training!r}; allowed: 'joint' or 'two_loss'")
+        if training not in ("joint", "two_loss", "residual"):
+            raise ValueError(f"GDLN: training = {training!r}; allowed: 'joint', 'two_loss' or 'residual'")
         self.save_hyperparameters(ignore=["init"])
         self.hparams["init"] = self.init_scheme.spec()
         self.gating_name, self.n_hidden, self.training_mode = gating, n_hidden, training
@@ -266,14 +270,28 @@ class GDLN(FullBatchNet):
     def _input_mask(self) -> Tensor | None:
         return self.unit_inputs.to(self.W[0].dtype) if self.gating is not None else None
 
+    def build(self, X: Tensor, Y: Tensor) -> None:
+        super().build(X, Y)
+        if self.training_mode == "residual":
+            if self.n_common_units == 0:
+                raise ValueError(f"GDLN: training = 'residual' needs a common pathway; gating {self.gating_name!r} has none")
+            if self.gating.gates.dim() != 2:
+                raise ValueError("GDLN: training = 'residual' needs one set of gates (N, P) for all members")
+            self.register_buffer("y_common_limit", common_limit(X, Y, self.gating), persistent=False)  # float64: cast at use
+
     def _two_loss(self) -> bool:
-        return self.training_mode == "two_loss" and 0 < self.n_common_units < self.unit_gates.shape[-1]
+        return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
 
     def _output_errors(self, err: Tensor, out: Tensor, h: Tensor, W_out: Tensor, y: Tensor) -> Tensor:
         if not self._two_loss():
             return err
         c = self.n_common_units
         err_common = h[..., :c] @ W_out[..., :c].transpose(-1, -2) - y
+        if self.training_mode == "residual":
+            if y.shape[-2:] != self.y_common_limit.shape:
+                raise ValueError(f"GDLN: training = 'residual' trains on the full batch it was built for "
+                                 f"{tuple(self.y_common_limit.shape)}; got targets {tuple(y.shape)}")
+            err = h[..., c:] @ W_out[..., c:].transpose(-1, -2) - (y - self.y_common_limit.to(y))
         return torch.stack([err_common, err])  # (2, E, N, n_out): common units' error, the others'
 
     def _backprop_last(self, errs: Tensor, W_out: Tensor, h: Tensor, grads: list[Tensor], scale: float) -> Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor
 from zoo.theory.linear import saxe_mode
 
 __all__ = [
-    "Gating", "effective_datasets", "pathway_modes", "race_trajectory", "loss_of_maps",
+    "Gating", "effective_datasets", "pathway_modes", "common_limit", "race_trajectory", "loss_of_maps",
     "xor_reln_constants", "xor_loss", "xor_time_to_loss", "xor_crossover",
     "context_overlap", "context_m", "contexts_closed_form", "times_to_fraction", "time_to_loss",
 ]
@@ -88,6 +88,27 @@ def pathway_modes(sigma_yx: Tensor, tol: float = 1e-10) -> list[tuple[Tensor, Te
     return out
 
 
+def common_limit(X: Tensor, Y: Tensor, gating: Gating) -> Tensor:
+    """``Y_common(inf)``: the output the common pathways converge to when they learn ``Y`` alone
+    ([H] App. F, first display: each mode goes to ``S/D``), (N, n_out).
+
+    Gradient descent on the common pathways' own loss converges to the least-squares fit of ``Y``
+    from their gated inputs ``g_p^i M_p x_i``; the fitted values are unique even where the
+    features are collinear (the contexts' one-hots sum to the items'). ``Y - common_limit`` is the
+    residual ``Y*`` on which App. F trains the context pathways.
+    """
+    X, Y = X.double(), Y.double()
+    g, M = gating.gates.double(), gating.inputs.double()
+    if g.dim() != 2:
+        raise ValueError("common_limit: give one member's gates (N, P)")
+    common = torch.nonzero(gating.common.bool()).flatten().tolist()
+    if not common:
+        raise ValueError("common_limit: the gating has no common pathway (Gating.common is all False)")
+    features = torch.cat([g[:, p : p + 1] * X * M[p] for p in common], dim=1)
+    coef = torch.linalg.lstsq(features, Y, driver="gelsd").solution
+    return features @ coef
+
+
 def loss_of_maps(X: Tensor, Y: Tensor, gating: Gating, maps: Tensor) -> Tensor:
     """The loss ``1/(2N) sum_i |y_i - sum_p g_p^i W_p M_p x_i|^2`` of pathway maps (..., P, n_out, n_in)."""
     X, Y = X.double(), Y.double()
@@ -98,7 +119,7 @@ def loss_of_maps(X: Tensor, Y: Tensor, gating: Gating, maps: Tensor) -> Tensor:
 
 def race_trajectory(
     X: Tensor, Y: Tensor, gating: Gating, steps: int, *, tau: float, a0: float,
-    training: Literal["joint", "two_loss"] = "joint", record_every: int = 1,
+    training: Literal["joint", "two_loss", "residual"] = "joint", record_every: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The neural race ([H] Eq. 6) integrated step by step for a given gating.
 
@@ -111,11 +132,20 @@ def race_trajectory(
     keeps the cross-pathway overlaps ``U_p^T U_j`` exact when they are not (the different-structure
     task) and needs no matrix square roots.
     With ``training = "two_loss"`` the common pathways see only themselves in their error (the
-    authors' scheme, THEORY.md 2b). Forward Euler with step 1 = one gradient step at ``lr = 1/tau``.
+    authors' scheme, THEORY.md 2b). With ``training = "residual"`` (the scheme [H] App. F derives
+    its closed forms for) the common pathways also learn ``Y`` alone, while the other pathways
+    learn the fixed residual ``Y* = Y - common_limit`` and see only each other.
+    Forward Euler with step 1 = one gradient step at ``lr = 1/tau``.
 
     Returns (record_steps (T,), maps (T, P, n_out, n_in), loss (T,)).
     """
+    if training not in ("joint", "two_loss", "residual"):
+        raise ValueError(f"race_trajectory: training = {training!r}; allowed: 'joint', 'two_loss' or 'residual'")
     syx, sx = effective_datasets(X, Y, gating)
+    common = gating.common.bool()
+    if training == "residual":
+        syx_star, _ = effective_datasets(X, Y.double() - common_limit(X, Y, gating), gating)
+        syx = torch.where(common[:, None, None], syx, syx_star)
     P, n_out, n_in = syx.shape
     k = min(n_out, n_in)
     # balanced two-layer factors of the minimal width k: W_p = W2_p W1_p, W2_p = U sqrt(a0), W1_p = sqrt(a0) V^T
@@ -126,13 +156,12 @@ def race_trajectory(
         W1[p, :r] = math.sqrt(a0) * V.T
         W2[p, :, :r] = math.sqrt(a0) * U
     sees = torch.ones(P, P, dtype=torch.float64)
-    if training == "two_loss":
-        common = gating.common.bool()
+    if training in ("two_loss", "residual"):
         sees[common] = 0.0
         for p in torch.nonzero(common).flatten().tolist():
             sees[p, p] = 1.0
-    elif training != "joint":
-        raise ValueError(f"race_trajectory: training = {training!r}; allowed: 'joint' or 'two_loss'")
+    if training == "residual":
+        sees[~common[:, None] & common[None, :]] = 0.0  # the residual already holds the common output
     sx_seen = sees[:, :, None, None].transpose(0, 1) * sx  # sx_seen[j, p] = sees[p, j] Sigma_x(j, p)
     rec_t, rec_m = [], []
     for t in range(steps + 1):
@@ -234,7 +263,7 @@ def context_overlap(X: Tensor, Y: Tensor, gating: Gating) -> tuple[Tensor, Tenso
     with C symmetric contexts r = (C-2)/(C-1) and kappa is read from the mean diagonal.
     """
     U, S, V, d, c, ctx = _common_fit(X, Y, gating)
-    resid = Y.double() - X.double() @ (U @ torch.diag(S / d) @ V.T).T
+    resid = Y.double() - common_limit(X, Y, gating)
     sub = Gating(gating.gates[:, ctx], gating.inputs[ctx], gating.common[ctx], [gating.names[p] for p in ctx])
     syx, sx = effective_datasets(X, resid, sub)
     modes = pathway_modes(syx)
@@ -280,7 +309,7 @@ def contexts_closed_form(X: Tensor, Y: Tensor, gating: Gating, t: Tensor, *, tau
     maps = torch.zeros(t.shape[0], gating.n_pathways, Y.shape[1], X.shape[1], dtype=torch.float64)
     a = saxe_mode(t[:, None], s=S, d=d, tau=tau, a0=a0)
     maps[:, c] = torch.einsum("ok,tk,ik->toi", U, a, V)
-    resid = Y.double() - X.double() @ (U @ torch.diag(S / d) @ V.T).T
+    resid = Y.double() - common_limit(X, Y, gating)
     sub = Gating(gating.gates[:, ctx], gating.inputs[ctx], gating.common[ctx])
     syx, sx = effective_datasets(X, resid, sub)
     for i, (Up, Sp, Vp) in enumerate(pathway_modes(syx)):
