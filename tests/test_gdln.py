@@ -166,7 +166,8 @@ def test_divergence_and_bad_input():
     with pytest.raises(DivergenceError, match="lr"):
         trainer.fit(m, datamodule=dm)
     for kwargs, word in [(dict(lr=-1.0), "lr"), (dict(reduction="max"), "reduction"), (dict(n_hidden=0), "n_hidden"),
-                         (dict(training="both"), "training"), (dict(epochs_per_step=0), "epochs_per_step")]:
+                         (dict(training="both"), "training"), (dict(epochs_per_step=0), "epochs_per_step"),
+                         (dict(num_threads=0), "num_threads")]:
         with pytest.raises(ValueError, match=word):
             GDLN(**kwargs)
     with pytest.raises(ValueError, match="hidden"):
@@ -209,3 +210,42 @@ def test_common_limit_is_the_least_squares_fit():
                     torch.tensor([True]))
     fit = th.common_limit(dm.X, dm.Y, sub)
     assert torch.allclose(fit[:8], Y[:8], atol=1e-10) and float(fit[8:].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("make", ["relu", "reln", "xor_one_margin", "relu_two_members"])
+def test_run_epochs_is_gradient_descent(make):
+    """``run_epochs`` (single members run as plain matrices, the chosen thread count) against an
+    autograd SGD loop on the same loss, three steps."""
+    if make.startswith("relu"):
+        dm = Contexts(3, "different")
+        E = 2 if make.endswith("members") else 1
+        m = _relu(dm, hidden=[9, 6] if E == 2 else [9], init=Gaussian(sigma=0.4), ensemble=E, lr=0.01, num_threads=2)
+    elif make == "reln":
+        dm = Contexts(3, "same")
+        m = _gdln(dm, "reln", n_hidden=3, init=Gaussian(sigma=0.4), lr=0.01, training="two_loss")
+    else:  # member-specific gates (E, N, P) with one member
+        dm = XorMargin(Delta=[0.9])
+        m = _gdln(dm, "xor", n_hidden=3, init=Gaussian(sigma=0.4), lr=0.05, reduction="mean")
+    X, Y = dm.X.double(), dm.Y.double()
+    m = m.double()
+    Ws = [w.detach().clone().requires_grad_() for w in m.W]
+    ref = []
+    for _ in range(3):
+        grads, loss = m._grads(X, Y, [w.detach() for w in Ws])
+        ref.append(loss)
+        with torch.no_grad():
+            for w, g in zip(Ws, grads):
+                w -= m.lr * g
+    threads = torch.get_num_threads()
+    L = m.run_epochs(X, Y, 3)
+    assert torch.get_num_threads() == threads  # restored
+    assert torch.allclose(L, torch.stack(ref).reshape(L.shape))
+    for w, r in zip(m.W, Ws):
+        assert torch.allclose(w, r.detach(), atol=1e-14)
+    # and _grads itself is autograd's (the relu and reln cases are covered above with more detail)
+    if make == "relu":
+        Wa = [w.detach().clone().requires_grad_() for w in m.W]
+        out = torch.relu(X @ Wa[0].transpose(-1, -2)) @ Wa[1].transpose(-1, -2)
+        (0.5 * (out - Y).pow(2).sum()).backward()
+        for g, w in zip(m._grads(X, Y, [w.detach() for w in Wa])[0], Wa):
+            assert torch.allclose(g, w.grad)
