@@ -105,13 +105,15 @@ class Sparsity(PeriodicCallback):
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         self.last, self._measured_at = self.measure(pl_module), trainer.global_step
-        labels = pl_module.labels
-        self.log_scalars(trainer, {f"sparsity/{k}/{lbl}": float(self.last[k][e])
-                                   for k in SCALARS for e, lbl in enumerate(labels)})
+        alive = getattr(pl_module, "alive", torch.ones(pl_module.ensemble, dtype=torch.bool)).cpu()
+        for k in SCALARS:  # a member dropped after diverging (SparseAutoencoder on_divergence='drop') has no measure
+            self.last[k] = torch.where(alive, self.last[k].double(), torch.nan)
+        members = [(e, lbl) for e, lbl in enumerate(pl_module.labels) if bool(alive[e])]
+        self.log_scalars(trainer, {f"sparsity/{k}/{lbl}": float(self.last[k][e]) for k in SCALARS for e, lbl in members})
         if self.histograms and trainer.is_global_zero:
             for lg in trainer.loggers:
                 if isinstance(lg, TensorBoardLogger):
-                    for e, lbl in enumerate(labels):
+                    for e, lbl in members:
                         lg.experiment.add_histogram(f"sparsity/density/{lbl}", self.last["density"][e],
                                                     global_step=trainer.global_step)
 

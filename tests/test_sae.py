@@ -54,7 +54,32 @@ def test_divergence_stops_with_a_message(tmp_path):
         quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
 
 
+def test_diverged_member_drops_out_and_the_others_train_on(tmp_path):
+    """on_divergence='drop': the member at a huge v diverges, the others finish exactly as they
+    would beside a member that never diverges (members share only the batches)."""
+    from tests.conftest import quiet_trainer
+    from zoo.divergence import DivergenceError
+
+    x = 3 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 16 steps
+    kw = dict(d=4, n=8, lr=0.01, seed=3)
+    net = SparseAutoencoder(init=Imbalance(v=[1.0, 300.0, 2.0], sigma=0.3), on_divergence="drop", **kw)
+    with pytest.warns(RuntimeWarning, match=r"v=300 diverged at step \d+ .* dropped"):
+        quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
+    assert net.alive.tolist() == [True, False, True]
+    calm = SparseAutoencoder(init=Imbalance(v=[1.0, 1.0, 2.0], sigma=0.3), **kw)
+    quiet_trainer(tmp_path, [], logger=False).fit(calm, loader)
+    for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+        a, b = getattr(net, name).detach(), getattr(calm, name).detach()
+        assert torch.equal(a[[0, 2]], b[[0, 2]]), name
+    # with 'stop' (the default) the same sweep ends at the divergence
+    net = SparseAutoencoder(init=Imbalance(v=[1.0, 300.0, 2.0], sigma=0.3), **kw)
+    with pytest.raises(DivergenceError, match="v=300"):
+        quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    (dict(on_divergence="skip"), "on_divergence = 'skip'; allowed"),
     (dict(d=0), "d = 0; allowed: a positive integer"),
     (dict(n=2.5), "n = 2.5"),
     (dict(l1=-1.0), "l1 = -1.0; allowed"),

@@ -87,6 +87,24 @@ def test_callback_logs_every_member_histograms_and_the_figure(tmp_path, one_thre
     assert (folder / "sparsity_vs_v_1.png").stat().st_size > 1000
 
 
+def test_a_dropped_member_is_no_longer_logged(tmp_path, one_thread):
+    """A member that diverged under on_divergence='drop' stops getting sparsity values (its figure
+    point is blank); the others are logged as before."""
+    x = 3 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    net = SparseAutoencoder(d=4, n=8, lr=0.01, seed=3, init=Imbalance(v=[1.0, 300.0, 2.0], sigma=0.3),
+                            on_divergence="drop")
+    cb = Sparsity(every_n_steps=2, window=32)
+    trainer = quiet_trainer(tmp_path, [cb])
+    with pytest.warns(RuntimeWarning, match="v=300 diverged"):
+        trainer.fit(net, Vectors(x, batch_size=4))  # 16 steps; v = 300 diverges within the first 5
+    acc = EventAccumulator(trainer.log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = {lbl: {ev.step for ev in acc.Scalars(f"sparsity/eq31/{lbl}")} for lbl in net.labels}
+    assert steps["v=1"] == steps["v=2"] == {0, 2, 4, 6, 8, 10, 12, 14, 16}
+    assert max(steps["v=300"]) < 6 and 0 in steps["v=300"]
+    assert torch.isnan(cb.last["eq31"][1]) and not torch.isnan(cb.last["eq31"][[0, 2]]).any()
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(window=0), "window = 0; allowed: a positive number of samples, or null"),
     (dict(threshold=-0.1), r"threshold = -0.1; allowed: a number >= 0 \(0 is \[S\] Eq. 30\)"),

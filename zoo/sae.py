@@ -21,7 +21,7 @@ import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
-from zoo.divergence import check_finite
+from zoo.divergence import check_finite, drop_diverged
 from zoo.init import Imbalance, InitScheme, from_spec
 from zoo.ensemble import grid_product
 
@@ -40,6 +40,10 @@ class SparseAutoencoder(pl.LightningModule):
         bias: learn the biases ``b_enc`` and ``b_dec``.
         grid: the Cartesian product of the list-valued ``init`` parameters and ``l1``.
         seed: seed of the initial weights.
+        on_divergence: ``"stop"`` (default): a member whose loss goes NaN/inf stops the fit with a
+            message; ``"drop"``: that member drops out (a warning names it; its gradient is zero
+            from then on, so under SGD its weights freeze; its measures are no longer logged) and the others train on, so a sweep over ``v`` may run
+            into the divergence boundary. The mask of survivors is the buffer ``alive``.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class SparseAutoencoder(pl.LightningModule):
         bias: bool = True,
         grid: bool = False,
         seed: int = 0,
+        on_divergence: Literal["stop", "drop"] = "stop",
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -66,6 +71,8 @@ class SparseAutoencoder(pl.LightningModule):
             raise ValueError(f"{name}: lr = {lr!r}; allowed: a positive number")
         if optimizer not in ("sgd", "adam"):
             raise ValueError(f"{name}: optimizer = {optimizer!r}; allowed: 'sgd' or 'adam'")
+        if on_divergence not in ("stop", "drop"):
+            raise ValueError(f"{name}: on_divergence = {on_divergence!r}; allowed: 'stop' or 'drop'")
         scheme = from_spec(init).checked()
         self.save_hyperparameters()
         self.hparams["init"] = scheme.spec()
@@ -84,6 +91,8 @@ class SparseAutoencoder(pl.LightningModule):
         self.W_enc, self.W_dec = nn.Parameter(W_enc.float()), nn.Parameter(W_dec.float())
         self.b_enc = nn.Parameter(torch.zeros(E, 1, self.n), requires_grad=bias)
         self.b_dec = nn.Parameter(torch.zeros(E, 1, self.d), requires_grad=bias)
+        self.on_divergence = on_divergence
+        self.register_buffer("alive", torch.ones(E, dtype=torch.bool))  # in checkpoints: a resumed run keeps its drop-outs
         varying = {k: v for k, v in scheme._params.items() if len(v) > 1}
         self.labels = [",".join([f"{k}={vals[e]:.4g}" for k, vals in varying.items()]
                                 + ([f"l1={float(self.l1[e]):g}"] if len(set(l1s)) > 1 else [])) or f"member{e}"
@@ -126,11 +135,23 @@ class SparseAutoencoder(pl.LightningModule):
         if x.dim() != 2 or x.shape[1] != self.d:
             raise ValueError(f"{type(self).__name__}: batches must be (B, d = {self.d}); got {tuple(x.shape)}")
         parts = self.member_loss(x)
-        check_finite(parts["loss"], step=self.global_step, labels=self.labels,
-                     hint=f"lr = {self.lr} is probably too large; try lr / 10.")
-        self.log("loss", parts["loss"].detach().mean(), prog_bar=True)
-        self.log("reconstruction", parts["reconstruction"].detach().mean())
-        return parts["loss"].sum()  # each member receives exactly its own gradient
+        hint = f"lr = {self.lr} is probably too large; try lr / 10."
+        if self.on_divergence == "stop":
+            check_finite(parts["loss"], step=self.global_step, labels=self.labels, hint=hint)
+        else:
+            self.alive = drop_diverged(parts["loss"], self.alive, step=self.global_step, labels=self.labels, hint=hint)
+        alive = self.alive
+        self.log("loss", parts["loss"].detach()[alive].mean(), prog_bar=True)
+        self.log("reconstruction", parts["reconstruction"].detach()[alive].mean())
+        # each member receives exactly its own gradient; a dropped one none
+        return torch.where(alive, parts["loss"], torch.zeros_like(parts["loss"])).sum()
+
+    def on_after_backward(self) -> None:
+        if not bool(self.alive.all()):
+            dead = ~self.alive
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad[dead] = 0.0  # where() sends 0, but 0 * inf upstream is NaN
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
