@@ -1,5 +1,6 @@
 """Lightning callbacks: thin wrappers that call ``zoo.metrics`` / module methods and log."""
 from callbacks.balance import Balance
+from callbacks.depth import StereotypicalLoss
 from callbacks.entropy_phase import EntropyPhaseDiagram
 from callbacks.error_curves import ErrorCurves
 from callbacks.forgetting import Forgetting, ForgettingProfile
@@ -19,6 +20,6 @@ from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 __all__ = [
     "ActivationPatterns", "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
     "HiddenMDS", "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
-    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "SweepFigure", "TaskForgetting", "TheoryOverlay",
+    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "StereotypicalLoss", "SweepFigure", "TaskForgetting", "TheoryOverlay",
     "XorLearningTimes", "log_matrix", "matrix_to_image",
 ]

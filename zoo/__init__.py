@@ -22,6 +22,7 @@ _LAZY = {
     "GDLN": "zoo.gdln",
     "ReLUNet": "zoo.gdln",
     "Comparison": "zoo.gdln",
+    "DepthGDLN": "zoo.gdln_depth",
 }
 
 
