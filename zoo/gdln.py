@@ -202,16 +202,18 @@ class FullBatchNet(pl.LightningModule):
         """``n`` full-batch gradient steps in place; returns the loss before each step, (n, E)."""
         dtype = self.W[0].dtype
         x, y = x.to(dtype), y.to(dtype)
-        losses = torch.empty(n, self.ensemble, dtype=dtype, device=x.device)
+        losses = []
         Ws = [w.data for w in self.W]
         if self.ensemble == 1 and x.dim() == 2:
             Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
+        # an epoch of a small net is ~15 tensor ops of a few microseconds each: keep the loop lean
         with torch.no_grad(), cpu_threads(self.num_threads if x.device.type == "cpu" else None):
-            for k in range(n):
-                grads, losses[k] = self._grads(x, y, Ws)
+            for _ in range(n):
+                grads, loss = self._grads(x, y, Ws)
+                losses.append(loss)
                 for W, g in zip(Ws, grads):
-                    W.sub_(g.reshape(W.shape), alpha=self.lr)
-        return losses
+                    W.sub_(g if g.dim() == W.dim() else g.reshape(W.shape), alpha=self.lr)
+        return torch.stack(losses).reshape(n, self.ensemble)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
