@@ -67,10 +67,12 @@ def profiles(values: Tensor | np.ndarray, labels: Sequence[str], x_key: str = "k
 
 def profile_shape_with_noise(x: Sequence[float], mean: Sequence[float], std: Sequence[float],
                              count: Sequence[int], tol: float) -> dict[str, float | bool]:
-    """:func:`callbacks.forgetting.profile_shape` for a mean over seeds: a difference between two
-    points counts only when it exceeds ``tol`` and twice its standard error
-    ``sqrt(se_a^2 + se_b^2)`` (``se = std / sqrt(count)``), so seed noise is not called a shape.
-    ``maslow``: the peak exceeds both ends so; ``monotonic``: no later point exceeds an earlier one so."""
+    """:func:`callbacks.forgetting.profile_shape` for a mean over seeds, so that seed noise is not
+    called a shape. A difference between two points is significant when it exceeds ``tol`` and
+    twice its standard error ``sqrt(se_a^2 + se_b^2)`` (``se = std / sqrt(count)``).
+    ``maslow``: the peak exceeds both ends significantly. ``monotonic``: the mean never rises by
+    more than ``tol`` (a noisy hammer is not monotonic: failing to prove the bump is not proving
+    its absence). ``flat``: no two points differ significantly (the seeds cannot tell)."""
     x, m = np.asarray(x, float), np.asarray(mean, float)
     se = np.asarray(std, float) / np.sqrt(np.maximum(np.asarray(count, float), 1))
     order = np.argsort(x)
@@ -83,7 +85,7 @@ def profile_shape_with_noise(x: Sequence[float], mean: Sequence[float], std: Seq
     return {
         "peak_gamma": float(x[k]),
         "maslow": bool(0 < k < len(m) - 1 and exceeds(k, 0) and exceeds(k, len(m) - 1)),
-        "monotonic": not any(exceeds(j, i) for i in range(len(m)) for j in range(i + 1, len(m))),
+        "monotonic": not any(m[j] - m[i] > tol for i in range(len(m)) for j in range(i + 1, len(m))),
         "flat": not any(exceeds(i, j) for i in range(len(m)) for j in range(len(m)) if i != j),
     }
 
@@ -230,7 +232,8 @@ def forgetting_profile_figure(path, prof: dict, task2: dict, metric: str, steps:
         c = colours[i % len(colours)]
         shape = p.get("shape", {})
         tag = " (hammer, peak k=%g)" % shape["peak_gamma"] if shape.get("maslow") else (
-            " (monotonic)" if shape.get("monotonic") else "")
+            " (monotonic)" if shape.get("monotonic") else " (no shape beyond seed noise)" if shape.get("flat")
+            else " (neither)")
         a.errorbar(p["x"], p["mean"], yerr=p["std"], color=c, marker="o", capsize=3, label=g + tag)
         for x, samples in zip(p["x"], p["all"]):
             a.plot(np.full(len(samples), x), samples, ".", color=c, alpha=0.35)

@@ -125,16 +125,19 @@ def test_imbalance_std_ratio_is_v_squared():
 def _normalised_entropy(w: torch.Tensor) -> float:
     """H of |w_i| / sum |w_j| ([S] Eq. 10's H_h applied to a weight sample)."""
     p = w.abs().flatten() / w.abs().sum()
-    return float(-(p * p.log()).sum())
+    return float(-torch.special.xlogy(p, p).sum())  # 0 log 0 = 0: the sparse base has exact zeros
 
 
-@pytest.mark.parametrize("base", ["normal", "laplace"])
+@pytest.mark.parametrize("base", ["normal", "laplace", "sparse"])
 def test_entropy_mix_keeps_variance_and_moves_entropy(base):
     sigma, n = 0.1, (1, 200_000)
+    extra = {"density": 0.2} if base == "sparse" else {}
     entropies = []
     for gamma in [0.0, 0.25, 0.5, 0.75, 1.0]:
-        (w,) = zi.build("entropy_mix", gamma=gamma, sigma=sigma, base=base).weights(
+        (w,) = zi.build("entropy_mix", gamma=gamma, sigma=sigma, base=base, **extra).weights(
             [n], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        if base == "sparse" and gamma == 0.0:
+            assert abs((w != 0).double().mean().item() - 0.2) < 0.005  # exact zeros elsewhere
         # 2e5 draws: variance estimate within ~1% (heavier for Laplace); allow 3%
         assert abs(w.var().item() / sigma**2 - 1) < 0.03
         entropies.append(_normalised_entropy(w))
@@ -143,8 +146,12 @@ def test_entropy_mix_keeps_variance_and_moves_entropy(base):
     # reference values from independent unit-variance draws of the two ends
     g = torch.Generator().manual_seed(4)
     u = (2 * torch.rand(n, generator=g, dtype=torch.float64) - 1) * math.sqrt(3)
-    z = torch.randn(n, generator=g, dtype=torch.float64) if base == "normal" else \
-        torch.distributions.Laplace(0.0, 1 / math.sqrt(2)).sample(n).double()
+    if base == "normal":
+        z = torch.randn(n, generator=g, dtype=torch.float64)
+    elif base == "laplace":
+        z = torch.distributions.Laplace(0.0, 1 / math.sqrt(2)).sample(n).double()
+    else:
+        z = torch.randn(n, generator=g, dtype=torch.float64) * (torch.rand(n, generator=g, dtype=torch.float64) < 0.2) / math.sqrt(0.2)
     assert abs(entropies[-1] - _normalised_entropy(u)) < 2e-3
     assert abs(entropies[0] - _normalised_entropy(z)) < 5e-3
 
@@ -167,6 +174,7 @@ def test_gaussian_xavier_kaiming_statistics():
         ("imbalance", {"v": -2.0}, "imbalance: parameter 'v' = -2.0"),
         ("entropy_mix", {"gamma": 1.5}, "entropy_mix: parameter 'gamma' = 1.5 is out of range; allowed: 0 <= gamma <= 1"),
         ("entropy_mix", {"base": "cauchy"}, "entropy_mix: parameter 'base' = 'cauchy'"),
+        ("entropy_mix", {"base": "sparse", "density": 0.0}, "entropy_mix: parameter 'density' = 0.0; allowed: 0 < density <= 1"),
         ("gaussian", {"sigma": -0.1}, "gaussian: parameter 'sigma' = -0.1"),
         ("lambda_balanced", {"lam": float("nan")}, "lambda_balanced: parameter 'lam' = nan"),
     ],

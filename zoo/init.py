@@ -369,15 +369,22 @@ class EntropyMix(InitScheme):
     ``z`` normal (or Laplace), both of unit variance and independent, so ``Var w = sigma^2`` for
     every gamma. gamma = 1 is the uniform draw, whose magnitudes are most even (highest entropy
     of the normalised weights, [S] Eq. 10); gamma = 0 the heavier-tailed base (lower entropy).
+    ``base = "sparse"`` is a much lower-entropy base than [S]'s examples: a fraction ``density``
+    of the weights normal, the rest exactly 0, scaled to unit variance.
     """
 
-    def __init__(self, gamma: Scalars = 1.0, sigma: Scalars = 1e-3, base: Literal["normal", "laplace"] = "normal") -> None:
+    def __init__(self, gamma: Scalars = 1.0, sigma: Scalars = 1e-3, base: Literal["normal", "laplace", "sparse"] = "normal",
+                 density: float = 0.1) -> None:
         super().__init__()
         self._member("gamma", gamma, allowed="0 <= gamma <= 1 (relative entropy)", ok=lambda v: 0 <= v <= 1)
         self._member("sigma", sigma, allowed="sigma >= 0", ok=lambda v: v >= 0)
-        if base not in ("normal", "laplace"):
-            raise ValueError(f"{self.name}: parameter 'base' = {base!r}; allowed: 'normal' or 'laplace'")
+        if base not in ("normal", "laplace", "sparse"):
+            raise ValueError(f"{self.name}: parameter 'base' = {base!r}; allowed: 'normal', 'laplace' or 'sparse'")
+        if not 0 < density <= 1:
+            raise ValueError(f"{self.name}: parameter 'density' = {density!r}; allowed: 0 < density <= 1")
         self.base = self._extra["base"] = base
+        if base == "sparse":
+            self.density = self._extra["density"] = float(density)
 
     def _draw(self, shapes: list[Shape], E: int, generator: torch.Generator | None) -> list[Tensor]:
         gamma, sigma = self.per_member("gamma", E)[:, None, None], self.per_member("sigma", E)[:, None, None]
@@ -387,6 +394,9 @@ class EntropyMix(InitScheme):
             u = math.sqrt(3.0) * _uniform(E, s, generator)  # unit variance
             if self.base == "normal":
                 z = _randn(E, s, generator)
+            elif self.base == "sparse":
+                keep = torch.rand(E, *s, generator=generator, dtype=torch.float64) < self.density
+                z = _randn(E, s, generator) * keep / math.sqrt(self.density)
             else:  # Laplace with unit variance: scale b = 1/sqrt(2), by inverse CDF
                 p = torch.rand(E, *s, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12) - 0.5
                 z = -torch.sign(p) * torch.log1p(-2 * p.abs()) / math.sqrt(2.0)
