@@ -278,12 +278,39 @@ class XorLearningTimes(pl.Callback):
 
     Needs a ``LossCurves`` callback in the same Trainer (it reads its record). TensorBoard:
     ``xor_time/<model>/Delta=<D>`` and ``xor_time/closed_form_<kind>/Delta=<D>``; PNG ``xor_times.png``.
+    [H] Fig. 2e as well: for the members nearest each of ``trajectory_deltas``, every network's
+    simulated loss beside the closed-form loss of both GDLNs; PNG ``xor_trajectories.png``.
     """
 
-    def __init__(self, criterion: float = 0.2) -> None:
+    def __init__(self, criterion: float = 0.2, trajectory_deltas: list[float] = [0.3, 0.6, 1.0, 1.6]) -> None:
         if not 0 < criterion < 0.5:
             raise ValueError(f"XorLearningTimes: criterion = {criterion}; allowed: a loss in (0, 0.5)")
-        self.criterion = criterion
+        if any(not (d >= 0) for d in trajectory_deltas):
+            raise ValueError(f"XorLearningTimes: trajectory_deltas = {trajectory_deltas}; allowed: margins >= 0")
+        self.criterion, self.trajectory_deltas = criterion, list(trajectory_deltas)
+
+    def trajectories(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[dict]:
+        """[H] Fig. 2e data, one dict per requested margin: the member nearest it (``member``, its
+        ``Delta``), the steps ``t``, each network's simulated loss (``simulated``: name -> (T,)) and
+        the closed forms (``closed_form``: 'linear'/'xor' -> (T,)), all in the networks' loss units."""
+        curves = next((c for c in trainer.callbacks if isinstance(c, LossCurves)), None)
+        if curves is None:
+            raise TypeError("XorLearningTimes needs a callbacks.gdln.LossCurves in the same Trainer")
+        deltas = trainer.datamodule.deltas.double()
+        models = _models(pl_module)
+        m0 = next(iter(models.values()))
+        a0 = next((m.initial_mode_strength() for m in models.values() if hasattr(m, "initial_mode_strength")), 1e-6)
+        unit = 4.0 if m0.reduction == "sum" else 1.0  # the closed forms are the mean loss over the 4 points
+        out = []
+        for e in sorted({int((deltas - d).abs().argmin()) for d in self.trajectory_deltas}):
+            t = curves.curve(next(iter(models)))[0].double()
+            out.append({
+                "member": e, "Delta": float(deltas[e]), "t": t,
+                "simulated": {name: curves.curve(name)[1][:, e] for name in models},
+                "closed_form": {kind: unit * theory.xor_loss(t, deltas[e], kind, tau=m0.tau(4), a0=a0)
+                                for kind in ("linear", "xor")},
+            })
+        return out
 
     def times(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[Tensor, dict[str, Tensor]]:
         """Deltas (E,) and time to the criterion per model, simulated and closed form."""
@@ -324,4 +351,29 @@ class XorLearningTimes(pl.Callback):
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(output_path(trainer, "xor_times.png"))
+        plt.close(fig)
+        self.trajectory_figure(trainer, pl_module)
+
+    def trajectory_figure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """[H] Fig. 2e: one panel per margin, simulated (solid) and closed-form (wide, pale) losses."""
+        panels = self.trajectories(trainer, pl_module)
+        plt = _plt()
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), dpi=100, squeeze=False)
+        colours = {"linear": "tab:blue", "xor": "tab:orange"}
+        for ax, p in zip(axes[0], panels):
+            for kind, L in p["closed_form"].items():
+                ax.plot(p["t"].numpy(), L.numpy(), color=colours[kind], lw=5, alpha=0.3, label=f"{kind} GDLN (closed form)")
+            for i, (name, L) in enumerate(p["simulated"].items()):
+                ax.plot(p["t"].numpy(), L.numpy(), color=f"C{i + 2}", lw=1.2, label=f"{name} (simulated)")
+            ax.set_title(f"Delta = {p['Delta']:.3g}", fontsize=9)
+            ax.set_xlabel("step")
+            # the drops are sharp: show up to a little past the last curve's fall below 2% of its start
+            busy = [float(p["t"][(L > 0.02 * L[0]).nonzero().max()]) for L in
+                    [*p["simulated"].values(), *p["closed_form"].values()] if bool((L > 0.02 * L[0]).any())]
+            if busy:
+                ax.set_xlim(0, min(float(p["t"][-1]), 1.3 * max(busy)))
+        axes[0, 0].set_ylabel("loss")
+        axes[0, -1].legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(output_path(trainer, "xor_trajectories.png"))
         plt.close(fig)

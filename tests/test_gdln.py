@@ -141,7 +141,8 @@ def test_comparison_through_trainer(tmp_path):
     module = Comparison(models, names=["relu", "linear", "xor"], epochs_per_step=20)
     curves = LossCurves(every_n_epochs=10)
     trainer = pl.Trainer(max_steps=5, max_epochs=-1, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
-                         callbacks=[curves, XorLearningTimes()], enable_checkpointing=False, enable_progress_bar=False,
+                         callbacks=[curves, times := XorLearningTimes(trajectory_deltas=[0.2, 1.4])],
+                         enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu")
     trainer.fit(module, datamodule=dm)
     assert module.epochs_done == 100
@@ -153,6 +154,17 @@ def test_comparison_through_trainer(tmp_path):
             assert torch.allclose(curves.curve(name)[1][0], torch.full((2,), 0.5, dtype=torch.float64), atol=1e-3)
     folder = tmp_path / "tb" / "version_0"
     assert (folder / "loss_curves.png").exists() and (folder / "xor_times.png").exists()
+    assert (folder / "xor_trajectories.png").exists()
+    # [H] Fig. 2e's panels: the members nearest 0.2 and 1.4 are Delta 0.3 and 1.5; each network's own
+    # curve, and the closed forms recomputed independently (mean loss, a0 of the first GDLN)
+    panels = times.trajectories(trainer, module)
+    assert [p["member"] for p in panels] == [0, 1] and [p["Delta"] for p in panels] == pytest.approx([0.3, 1.5])
+    a0 = models[1].initial_mode_strength()
+    for p in panels:
+        assert torch.equal(p["simulated"]["relu"], curves.curve("relu")[1][:, p["member"]])
+        for kind in ("linear", "xor"):
+            ref = th.xor_loss(p["t"], p["Delta"], kind, tau=models[0].tau(4), a0=a0)
+            assert torch.allclose(p["closed_form"][kind], ref)
     assert "linear" in curves.predictions and curves.predictions["linear"][1].shape[1] == 2
 
 
