@@ -184,6 +184,8 @@ def test_divergence_and_bad_input():
             GDLN(**kwargs)
     with pytest.raises(ValueError, match="hidden"):
         ReLUNet(hidden=[10, 10, 10])
+    with pytest.raises(ValueError, match="training = 'residual' needs a common pathway"):
+        _gdln(XorMargin(Delta=[0.5]), "xor", training="residual")  # four pathways, none common
     with pytest.raises(ValueError, match="gating"):
         _gdln(dm, "reln")
 
