@@ -39,7 +39,7 @@ class ErrorCurves(PeriodicCallback):
         self.errors: list[torch.Tensor] = []
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.need(pl_module, "theory_error" if self.source == "theory" else "test_error")
+        self.need(pl_module, "task_errors", "theory_error" if self.source == "theory" else "test_error")
         dm = trainer.datamodule
         if dm is None or not hasattr(dm, "W_teachers"):
             raise TypeError("ErrorCurves needs a teacher-student datamodule (datamodules.TeacherStudent)")
@@ -54,10 +54,7 @@ class ErrorCurves(PeriodicCallback):
         self.steps, self.errors = [], []
 
     def error(self, trainer, pl_module) -> torch.Tensor:
-        dm = trainer.datamodule
-        if self.source == "theory":
-            return pl_module.theory_error(dm.W_teachers, dm.teacher_heads).detach().cpu()
-        return pl_module.test_error(*dm.test_set()).detach().cpu()
+        return pl_module.task_errors(trainer.datamodule, self.source)
 
     def on_due(self, trainer, pl_module, outputs) -> None:
         eps = self.error(trainer, pl_module)  # (E, n_tasks)

@@ -202,7 +202,7 @@ class Forgetting(PeriodicCallback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         name = type(self).__name__
-        self.need(pl_module, "theory_error" if self.source == "theory" else "test_error")
+        self.need(pl_module, "task_errors", "theory_error" if self.source == "theory" else "test_error")
         dm = trainer.datamodule
         if dm is None or not hasattr(dm, "W_teachers"):
             raise TypeError(f"{name} needs a teacher-student datamodule (datamodules.TeacherStudent)")
@@ -231,12 +231,7 @@ class Forgetting(PeriodicCallback):
     # -- recording -----------------------------------------------------------------------------------
     def error(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
         """Every member's error on every task now, (E, n_tasks), float64 on the CPU."""
-        dm = trainer.datamodule
-        if self.source == "theory":
-            eps = pl_module.theory_error(dm.W_teachers, dm.teacher_heads)
-        else:
-            eps = pl_module.test_error(*dm.test_set())
-        return eps.detach().double().cpu()
+        return pl_module.task_errors(trainer.datamodule, self.source)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

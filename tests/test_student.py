@@ -119,6 +119,11 @@ def test_initial_error_matches_the_check_value():
     # Monte Carlo on 40,000 samples: std of 1/2 y^2 is ~0.15, so the mean is good to ~1e-3
     eps_mc = net.test_error(*dm.test_set())
     assert torch.allclose(eps_mc, torch.full_like(eps_mc, 1 / 6), atol=4e-3)
+    # task_errors, what the forgetting callbacks record, is one of the two, as float64 on the CPU
+    assert torch.equal(net.task_errors(dm, "theory"), eps_theory.double().cpu())
+    assert torch.equal(net.task_errors(dm, "mc"), eps_mc.double().cpu())
+    with pytest.raises(ValueError, match="source = 'exact'; allowed: 'theory' or 'mc'"):
+        net.task_errors(dm, "exact")
 
 
 def test_global_step_counts_sgd_steps_and_old_heads_freeze():

@@ -302,6 +302,18 @@ class MultiHeadStudent(pl.LightningModule):
         eps = [generalisation_error(Q, R[:, t], T[:, t, t], h[:, t], hT[:, t], self.activation) for t in range(self.n_tasks)]
         return torch.stack(eps, -1)
 
+    def task_errors(self, datamodule, source: str = "theory") -> Tensor:
+        """Every member's error on every task now, (E, n_tasks), float64 on the CPU: from the order
+        parameters (``"theory"``, [S] Eq. 9: exact, no Monte-Carlo noise) or the datamodule's test
+        set (``"mc"``). What the forgetting and error-curve callbacks record."""
+        if source == "theory":
+            eps = self.theory_error(datamodule.W_teachers, datamodule.teacher_heads)
+        elif source == "mc":
+            eps = self.test_error(*datamodule.test_set())
+        else:
+            raise ValueError(f"task_errors: source = {source!r}; allowed: 'theory' or 'mc'")
+        return eps.detach().double().cpu()
+
     def member_teacher_heads(self, teacher_heads: Tensor) -> Tensor:
         """Teacher heads per member, (E, n_tasks, p*), from (n_tasks, p*) or (G, n_tasks, p*)."""
         hT = torch.as_tensor(teacher_heads).to(self.W.device, torch.float64)
