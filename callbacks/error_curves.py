@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from callbacks.base import PeriodicCallback, output_path
+from callbacks.figures import save_figure
 
 
 def parse_label(label: str) -> dict[str, str]:
@@ -98,7 +99,5 @@ class ErrorCurves(PeriodicCallback):
             ax.set_title(f"{self.group_by}={g}" if g is not None else "", fontsize=10)
         axes[0][0].set_ylabel("generalisation error (solid: task 1, dashed: task 2)")
         axes[0][-1].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+        save_figure(fig, path)
         return path

@@ -16,6 +16,14 @@ def _plt():
     return plt
 
 
+def save_figure(fig, path, **savefig_kw):
+    """Lay out, write and close a figure (closing frees it: a long sweep draws many); returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, **savefig_kw)
+    _plt().close(fig)
+    return path
+
+
 def loss_and_modes_figure(
     path: Path,
     labels: Sequence[str],
@@ -58,9 +66,7 @@ def loss_and_modes_figure(
         axm.set_xlabel("step")
         if e == 0:
             axm.set_ylabel("mode strength u_i^T W v_i" + ("\n(dashed: theory)" if theory is not None else ""))
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -94,9 +100,7 @@ def curves_figure(
     ax2.set_xticks(x, labels, rotation=45, fontsize=7)
     ax2.set_ylabel(f"{ylabel} at step {int(steps[-1])}")
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -117,7 +121,5 @@ def matrix_grid_figure(path: Path, rows: Sequence[str], cols: Sequence[str], mat
             if c == 0:
                 ax.set_ylabel(row, fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

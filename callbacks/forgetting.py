@@ -32,6 +32,7 @@ from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path, warn_once
 from callbacks.error_curves import parse_label
+from callbacks.figures import save_figure
 from zoo.metrics.overlaps import forgetting, transfer
 
 Source = Literal["theory", "mc"]
@@ -473,9 +474,7 @@ class ForgettingProfile(Forgetting):
         axb.set_ylabel("final node norm sqrt(Q_ii)")
         axb.set_title("(b) final node norms; colours as in (a); solid: unit 1, dashed: unit 2" +
                       ("; x: ODE" if r["norms_ode"] is not None else ""), fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+        save_figure(fig, path)
         _to_tensorboard(trainer, path, "forgetting_profile")
         return path
 

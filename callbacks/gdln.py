@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path, overlay_charts
-from callbacks.figures import _plt
+from callbacks.figures import _plt, save_figure
 from zoo.theory import gdln as theory
 
 
@@ -187,9 +187,7 @@ class LossCurves(pl.Callback):
         ax.legend(fontsize=8)
         ax.set_title("epochs to " + "/".join(f"{f:g}" for f in self.fractions) + " of the initial loss\n" + "; ".join(lines),
                      fontsize=7)
-        fig.tight_layout()
-        fig.savefig(output_path(trainer, "loss_curves.png"))
-        plt.close(fig)
+        save_figure(fig, output_path(trainer, "loss_curves.png"))
 
 
 class PathwaySingularValues(PeriodicCallback):
@@ -266,9 +264,7 @@ class PathwaySingularValues(PeriodicCallback):
                 ax.set_title(f"{name}: {m.gating.names[p]}", fontsize=8)
                 ax.set_xlabel("epoch")
             axes[0, 0].set_ylabel("u_k^T W_p v_k (dashed: race)")
-            fig.tight_layout()
-            fig.savefig(output_path(trainer, f"pathway_singular_values_{name}.png"))
-            plt.close(fig)
+            save_figure(fig, output_path(trainer, f"pathway_singular_values_{name}.png"))
 
 
 class XorLearningTimes(pl.Callback):
@@ -349,9 +345,7 @@ class XorLearningTimes(pl.Callback):
         ax.set_xlabel("Delta")
         ax.set_ylabel(f"steps to loss {self.criterion:g}")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(output_path(trainer, "xor_times.png"))
-        plt.close(fig)
+        save_figure(fig, output_path(trainer, "xor_times.png"))
         self.trajectory_figure(trainer, pl_module)
 
     def trajectory_figure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -374,6 +368,4 @@ class XorLearningTimes(pl.Callback):
                 ax.set_xlim(0, min(float(p["t"][-1]), 1.3 * max(busy)))
         axes[0, 0].set_ylabel("loss")
         axes[0, -1].legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(output_path(trainer, "xor_trajectories.png"))
-        plt.close(fig)
+        save_figure(fig, output_path(trainer, "xor_trajectories.png"))

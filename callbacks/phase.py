@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from callbacks.base import output_path
+from callbacks.figures import save_figure
 from callbacks.images import log_matrix
 
 
@@ -80,6 +81,4 @@ class PhaseDiagram(pl.Callback):
         for ax in axes:
             ax.set_xlabel("lam2 (slow pathway)")
             ax.set_ylabel("lam1 (fast pathway)")
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+        save_figure(fig, path)

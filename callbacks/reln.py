@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path, warn_once
-from callbacks.figures import _plt
+from callbacks.figures import _plt, save_figure
 from callbacks.images import log_matrix
 from zoo import reln
 
@@ -187,9 +187,7 @@ class ActivationPatterns(pl.Callback):
             ax.set_title(f"elbow ({self.elbow_rule}): k = {chosen}", fontsize=9)
         else:
             ax.axis("off")
-        fig.tight_layout()
-        fig.savefig(output_path(trainer, self.prefix.replace("/", "_") + "_gates.png"))
-        plt.close(fig)
+        save_figure(fig, output_path(trainer, self.prefix.replace("/", "_") + "_gates.png"))
 
 
 class HiddenMDS(PeriodicCallback):

@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path
+from callbacks.figures import save_figure
 from zoo.metrics.sparsity import from_counts
 
 SCALARS = ("eq31", "l0", "dead_fraction", "dense_fraction", "explained_variance")
@@ -146,9 +147,7 @@ def sparsity_figure(path, v: np.ndarray, l1: np.ndarray, measures: dict[str, np.
         ax.set_xlabel("imbalance v")
         ax.set_title(titles.get(key, key) + (f", H > {threshold:g}" if threshold else ""), fontsize=9)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

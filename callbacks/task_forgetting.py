@@ -23,6 +23,7 @@ from torch import Tensor
 
 from callbacks.base import HistoryCallback, output_path, warn_once
 from callbacks.error_curves import parse_label
+from callbacks.figures import save_figure
 
 Metric = Literal["error", "loss"]
 
@@ -256,6 +257,4 @@ def forgetting_profile_figure(path, prof: dict, task2: dict, metric: str, steps:
     c2.set_xlabel("shared classes k")
     c2.set_ylabel("task 2 test error at the end")
     c2.set_title("(c) task 2 learned?")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)

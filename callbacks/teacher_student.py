@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from callbacks.base import HistoryCallback, PeriodicCallback, output_path, overlay_charts
+from callbacks.figures import save_figure
 from callbacks.images import log_matrix
 
 RELU_SMALL_ETA = 0.01
@@ -240,9 +241,7 @@ def order_parameters_figure(path, labels: list[str], alpha: np.ndarray, errors: 
             for t in range(n_tasks):
                 _draw_matrix(fig.add_subplot(grid[r, c0 + 1 + t]), snap_R[k][r, t], f"R task {t + 1}, {when}")
     fig.suptitle("order parameters Q = WW^T/d (student x student), R = W W_T^T/d (student x teacher)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -476,7 +475,5 @@ def theory_overlay_figure(path, labels: list[str], alpha: np.ndarray, order_para
             axd.set_ylabel("(sim - ODE) / ODE [%]\n(grey: +-5 %)", fontsize=8)
     fig.suptitle(title + "\nsolid: simulation ([S] Eq. 9 on its weights), dots: Monte Carlo, dashed: mean-field ODE",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

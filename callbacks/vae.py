@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path, warn_once
+from callbacks.figures import save_figure
 from callbacks.images import log_matrix
 from zoo.metrics.dci import DCI_SETTINGS, DCISetting, dci_on_grid
 from zoo.vae import BetaVAE, bernoulli_reconstruction, vae_members
@@ -420,9 +421,7 @@ def sweep_figure(path, rows: list[dict], param: str, title: str = ""):
         ax.set_xlabel(param)
         ax.set_title(name, fontsize=9)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
