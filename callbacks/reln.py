@@ -52,7 +52,7 @@ class ActivationPatterns(pl.Callback):
     Every ``every_n_epochs`` epochs (and at epoch 0) the hidden units' binary patterns over the
     data points are stacked as rows (all members = independent runs, [H] Alg. 1's
     ``num_trainings``). At the end of training, for each k in ``ks``: k-means centroids (TensorBoard
-    image ``reln/centroids/k<k>``); for a one-hidden-layer net also the imitation error of a GDLN
+    image ``reln/centroids/k<k>``); for the last hidden layer also the imitation error of a GDLN
     with the thresholded centroids as gates (``reln/imitation_error/k<k>``) and the elbow
     (``reln/elbow_k``). PNG ``reln_gates.png``: centroids for every k (the chosen one marked) and
     the elbow curve.
@@ -62,7 +62,8 @@ class ActivationPatterns(pl.Callback):
             of a training step, so the spacing is at least the module's ``epochs_per_step``.
         ks: numbers of clusters to try ([H] Fig. 8: 2-4; Fig. 9: the elbow).
         layer: which hidden layer's patterns to cluster (-1: the last, which gates in [H] Fig. 6).
-        elbow: train a GDLN per k and pick k at the elbow of the error (one hidden layer only).
+        elbow: train a GDLN per k and pick k at the elbow of the error (the last hidden layer; for a
+            two-hidden-layer net the GDLN is a ``zoo.gdln_depth.DepthGDLN``, [H] Sec. 6).
         n_hidden: hidden units per pathway of those GDLNs.
         elbow_rule: 'kneedle' or 'within' (``zoo.reln.elbow``); rel_tol: the latter's tolerance.
         threshold: centroid level above which a data point is in the pathway.
@@ -130,17 +131,21 @@ class ActivationPatterns(pl.Callback):
         cents = [reln.cluster_patterns(samples, k, random_state=self.random_state, n_init=self.n_init) for k in ks]
         errors: list[float] = []
         chosen = None
-        if self.do_elbow and len(net.hidden) == 1:
+        last = self.layer % len(net.hidden) == len(net.hidden) - 1
+        if self.do_elbow and last:
+            # two hidden layers: the first is shared and ungated in the ReLN ([H] Sec. 6, zoo.gdln_depth)
+            n_shared = net.hidden[0] if len(net.hidden) == 2 else None
             relu_out = torch.stack(self.outputs).double()
             for C in cents:
                 g = reln.gating_from_patterns(reln.threshold_centroids(C, self.threshold), X.shape[-1])
                 m = reln.gdln_from_gating(g, X.cpu(), Y.cpu(), n_hidden=self.n_hidden, init=net.init_scheme,
-                                          ensemble=net.ensemble, lr=net.lr, reduction=net.reduction, seed=net.seed)
+                                          ensemble=net.ensemble, lr=net.lr, reduction=net.reduction, seed=net.seed,
+                                          n_shared=n_shared)
                 errors.append(reln.imitation_error(relu_out, reln.train_outputs(m, X.cpu(), Y.cpu(), self.epochs)))
             chosen = reln.elbow(ks, errors, self.elbow_rule, self.rel_tol)
         elif self.do_elbow:
-            warn_once("ActivationPatterns: the elbow needs a one-hidden-layer ReLU net (zoo.gdln.GDLN has one hidden "
-                      "layer); only the centroids are reported")
+            warn_once("ActivationPatterns: the elbow gates the last hidden layer (the first of a two-layer net is the "
+                      "ReLN's shared linear layer, [H] Sec. 6); for this layer only the centroids are reported")
         self.result = {"ks": ks, "centroids": cents, "errors": errors, "elbow_k": chosen, "epochs": list(self.epochs)}
         # a deep net's layers get their own tags and PNGs (one callback per layer)
         self.prefix = "reln" if len(net.hidden) == 1 else f"reln/layer{self.layer % len(net.hidden)}"

@@ -42,6 +42,35 @@ def test_activation_patterns_records_clusters_and_picks_an_elbow(tmp_path):
     assert {"reln/centroids/k4", "reln/imitation_error/k4", "reln/elbow_k"} <= tags
 
 
+def test_elbow_of_a_two_layer_net_uses_the_depth_reln(tmp_path):
+    """Layer 1 of a two-hidden-layer net: the GDLN per k is a DepthGDLN ([H] Sec. 6). k = 1's error
+    is recomputed here from a DepthGDLN built directly with every unit on."""
+    from zoo.gdln_depth import DepthGDLN
+    from zoo.theory.gdln import Gating
+
+    dm = Contexts(3, "same", batches_per_epoch=4)  # 4 steps x 100 epochs
+    init = Gaussian(sigma=0.05)
+    model = ReLUNet(hidden=[12, 12], ensemble=2, init=init, lr=1e-3, epochs_per_step=100, seed=3)
+    cb = ActivationPatterns(every_n_epochs=200, ks=[1, 2], layer=1, n_hidden=6)
+    trainer = quiet_trainer(tmp_path, [cb])
+    trainer.fit(model, datamodule=dm)
+    assert len(cb.result["errors"]) == 2 and cb.result["elbow_k"] in (1, 2)
+    # k = 1 thresholds to one pathway on for every point (most second-layer units are on most of the time)
+    assert bool((reln.threshold_centroids(cb.result["centroids"][0]) > 0).all())
+    X, Y = dm.X, dm.Y
+    ref = DepthGDLN(gating="found", n_shared=12, n_hidden=6, init=init, ensemble=2, lr=1e-3, seed=3)
+    ref.set_gating(Gating(torch.ones(24, 1), torch.ones(1, X.shape[1]), torch.tensor([True])))
+    ref.build(X, Y)
+    outs = reln.train_outputs(ref, X, Y, cb.result["epochs"])
+    assert cb.result["errors"][0] == pytest.approx(reln.imitation_error(torch.stack(cb.outputs).double(), outs))
+    # layer 0 is the ReLN's shared linear layer: no elbow there, only the centroids
+    with pytest.warns(UserWarning, match="elbow gates the last hidden layer"):
+        cb0 = ActivationPatterns(every_n_epochs=200, ks=[1, 2], layer=0)
+        quiet_trainer(tmp_path / "l0", [cb0]).fit(
+            ReLUNet(hidden=[12, 12], ensemble=2, init=init, lr=1e-3, epochs_per_step=100), datamodule=dm)
+    assert cb0.result["errors"] == [] and cb0.result["elbow_k"] is None
+
+
 def test_activation_patterns_needs_a_relu_net(tmp_path):
     dm = Contexts(3, "same")
     with pytest.raises(TypeError, match="ReLUNet"):

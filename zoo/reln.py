@@ -119,11 +119,16 @@ def gating_from_patterns(patterns: Tensor, n_in: int, inputs: Tensor | None = No
 
 
 def gdln_from_gating(gating: Gating, X: Tensor, Y: Tensor, *, n_hidden: int, init: "InitScheme",
-                     ensemble: int, lr: float, reduction: Literal["mean", "sum"], seed: int = 0) -> "GDLN":
-    """A ``zoo.gdln.GDLN`` with these gates, built for data (X, Y) and ready for ``run_epochs``."""
+                     ensemble: int, lr: float, reduction: Literal["mean", "sum"], seed: int = 0,
+                     n_shared: int | None = None) -> "GDLN":
+    """A ``zoo.gdln.GDLN`` with these gates, built for data (X, Y) and ready for ``run_epochs``;
+    with ``n_shared`` a ``zoo.gdln_depth.DepthGDLN`` (a shared linear layer of that width before
+    the gated pathways: the ReLN of a two-hidden-layer ReLU net, [H] Sec. 6)."""
     from zoo.gdln import GDLN
+    from zoo.gdln_depth import DepthGDLN
 
-    m = GDLN(gating="found", n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr, reduction=reduction, seed=seed)
+    kw = dict(gating="found", n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr, reduction=reduction, seed=seed)
+    m = GDLN(**kw) if n_shared is None else DepthGDLN(n_shared=n_shared, **kw)
     m.set_gating(gating)
     m.build(X, Y)
     return m
