@@ -263,3 +263,37 @@ def test_run_epochs_is_gradient_descent(make):
         (0.5 * (out - Y).pow(2).sum()).backward()
         for g, w in zip(m._grads(X, Y, [w.detach() for w in Wa])[0], Wa):
             assert torch.allclose(g, w.grad)
+
+
+@pytest.mark.parametrize("make", ["relu", "reln_residual", "depth"])
+def test_checkpoints_load_without_the_datamodule_and_resume(tmp_path, make):
+    """``load_from_checkpoint`` rebuilds the weights (and a GDLN's gates) from the checkpoint alone:
+    same outputs, same next steps; and a fit resumed from it ends where an uninterrupted fit ends."""
+    import lightning.pytorch as pl
+
+    from zoo.gdln_depth import DepthGDLN
+
+    dm = Contexts(3, "same")
+    kw = dict(init=Gaussian(sigma=0.01), epochs_per_step=10, ensemble=2)
+    build = {"relu": lambda: ReLUNet(hidden=[20, 7], **kw),
+             "reln_residual": lambda: GDLN(n_hidden=5, training="residual", **kw),
+             "depth": lambda: DepthGDLN(n_hidden=5, n_shared=6, **kw)}[make]
+
+    def trainer(steps):
+        return pl.Trainer(max_steps=steps, max_epochs=-1, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                          accelerator="cpu")
+
+    m, ckpt = build(), tmp_path / "m.ckpt"
+    t = trainer(3)
+    t.fit(m, datamodule=dm)
+    t.save_checkpoint(ckpt)
+    loaded = type(m).load_from_checkpoint(ckpt)
+    assert torch.allclose(loaded(dm.X), m(dm.X))
+    # gates, weights and (residual) the fixed target all came back: the next epochs are the same
+    assert torch.equal(loaded.run_epochs(dm.X, dm.Y, 5), m.run_epochs(dm.X, dm.Y, 5))
+    resumed, straight = build(), build()
+    trainer(6).fit(resumed, datamodule=dm, ckpt_path=ckpt)
+    trainer(6).fit(straight, datamodule=dm)
+    for a, b in zip(resumed.W, straight.W):
+        assert torch.equal(a, b)

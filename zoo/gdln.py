@@ -117,6 +117,18 @@ class FullBatchNet(pl.LightningModule):
     def attach(self, datamodule) -> None:
         """Read what the module needs from the datamodule besides (X, Y) (GDLN: its gates)."""
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # The weights are shaped by the data at setup(); a module loaded without a datamodule
+        # (load_from_checkpoint) takes the shapes from the checkpoint, then load_state_dict fills them.
+        if self.built:
+            return
+        state = checkpoint["state_dict"]
+        n = sum(1 for key in state if key.startswith("W.") and key[2:].isdigit())
+        self.W = nn.ParameterList([nn.Parameter(torch.empty_like(state[f"W.{i}"])) for i in range(n)])
+        for key, value in state.items():
+            if not key.startswith("W.") and "." not in key and not hasattr(self, key):
+                self.register_buffer(key, torch.empty_like(value))
+
     def tau(self, N: int) -> float:
         """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
         return 1.0 / (self.lr * (N if self.reduction == "sum" else 1))
@@ -291,6 +303,16 @@ class GDLN(FullBatchNet):
             raise TypeError(f"GDLN needs a datamodule with gating(name); {type(datamodule).__name__} has none")
         self.set_gating(datamodule.gating(self.gating_name))
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.gating is not None:  # the gates are data, not weights: keep them for load_from_checkpoint
+            g = self.gating
+            checkpoint["gdln_gating"] = {"gates": g.gates, "inputs": g.inputs, "common": g.common, "names": list(g.names)}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.gating is None and "gdln_gating" in checkpoint:
+            self.set_gating(Gating(**checkpoint["gdln_gating"]))
+        super().on_load_checkpoint(checkpoint)
+
     def set_gating(self, gating: Gating) -> None:
         """Use these gates; pathways are laid out common ones first (so the two-loss split is a slice)."""
         order = sorted(range(gating.n_pathways), key=lambda p: not bool(gating.common[p]))
@@ -320,7 +342,7 @@ class GDLN(FullBatchNet):
                 raise ValueError(f"GDLN: training = 'residual' needs a common pathway; gating {self.gating_name!r} has none")
             if self.gating.gates.dim() != 2:
                 raise ValueError("GDLN: training = 'residual' needs one set of gates (N, P) for all members")
-            self.register_buffer("y_common_limit", common_limit(X, Y, self.gating), persistent=False)  # float64: cast at use
+            self.register_buffer("y_common_limit", common_limit(X, Y, self.gating))  # float64: cast at use
 
     def _two_loss(self) -> bool:
         return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
