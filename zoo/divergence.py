@@ -1,6 +1,7 @@
 """Stop a run whose loss went NaN or infinite, with a message that says where and why."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -38,13 +39,11 @@ def drop_diverged(losses: Tensor, alive: Tensor, *, step: int, labels: Sequence[
     survivors = alive & finite
     newly = alive & ~finite
     if bool(newly.any()):
-        import warnings
-
         names = [labels[i] if i < len(labels) else str(i) for i in torch.nonzero(newly).flatten().tolist()]
         if not bool(survivors.any()):
             raise DivergenceError(f"the loss is not finite at step {step} for every remaining ensemble member "
                                   f"({', '.join(names)}): training diverged and was stopped. {hint}")
         warnings.warn(f"ensemble member(s) {', '.join(names)} diverged at step {step} (loss not finite) and were "
-                      f"dropped: their weights are frozen and their measures are no longer logged. {hint}",
+                      f"dropped: they get no gradient from now on and their measures are no longer logged. {hint}",
                       RuntimeWarning, stacklevel=2)
     return survivors

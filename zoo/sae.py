@@ -42,8 +42,9 @@ class SparseAutoencoder(pl.LightningModule):
         seed: seed of the initial weights.
         on_divergence: ``"stop"`` (default): a member whose loss goes NaN/inf stops the fit with a
             message; ``"drop"``: that member drops out (a warning names it; its gradient is zero
-            from then on, so under SGD its weights freeze; its measures are no longer logged) and the others train on, so a sweep over ``v`` may run
-            into the divergence boundary. The mask of survivors is the buffer ``alive``.
+            from then on, so under SGD its weights freeze; its measures are no longer logged) and
+            the others train on, so a sweep over ``v`` may run into the divergence boundary. The
+            mask of survivors is the buffer ``alive``.
     """
 
     def __init__(
