@@ -117,3 +117,18 @@ def test_python_dash_m_zoo_runs_the_same_cli():
                          cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--model" in out.stdout and "--data" in out.stdout and "seed_everything" in out.stdout
+
+
+def test_every_public_module_has_a_short_name(in_tmp, capsys):
+    """``class_path: DepthGDLN`` (or any name ``zoo`` exports lazily) resolves in a config, because
+    the CLI imports every module that defines one."""
+    import zoo
+
+    for name in ("DeepLinearNet", "MultiHeadStudent", "MultiHeadClassifier", "SparseAutoencoder", "BetaVAE",
+                 "GDLN", "ReLUNet", "DepthGDLN"):
+        assert name in dir(zoo)
+        with pytest.raises(SystemExit) as stop:
+            run_cli("fit", "--model", name, "--data", "Contexts", "--print_config")
+        assert stop.value.code in (0, None), name
+        out = capsys.readouterr().out
+        assert f"class_path: zoo.{name}\n" in out or f"class_path: {getattr(zoo, name).__module__}.{name}\n" in out

@@ -74,6 +74,7 @@ def build_cli(args: list[str] | None = None, *, run: bool = True):
     import zoo.vae  # noqa: F401
     import zoo.sae  # noqa: F401
     import zoo.gdln  # noqa: F401
+    import zoo.gdln_depth  # noqa: F401
     import zoo.init  # noqa: F401
 
     return _cli_class()(
