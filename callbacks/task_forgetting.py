@@ -24,6 +24,7 @@ from torch import Tensor
 from callbacks.base import HistoryCallback, output_path, warn_once
 from callbacks.error_curves import parse_label
 from callbacks.figures import save_figure
+from callbacks.forgetting import forgetting_now, transfer_now
 
 Metric = Literal["error", "loss"]
 
@@ -175,7 +176,7 @@ class TaskForgetting(HistoryCallback):
             for t in range(self.n_tasks):
                 scalars |= {f"test_{key}/task{t + 1}/{lbl}": m[key][e, t] for e, lbl in enumerate(labels)}
         if self.at_switch is not None:
-            f = m[self.metric][:, 0] - self.at_switch[self.metric][:, 0]
+            f = forgetting_now(self.at_switch[self.metric], m[self.metric])
             scalars |= {f"forgetting/{lbl}": f[e] for e, lbl in enumerate(labels)}
         self.log_scalars(trainer, scalars, step=step)
         return m
@@ -193,8 +194,8 @@ class TaskForgetting(HistoryCallback):
             warn_once(f"{type(self).__name__}: training ended before the task switch; no forgetting to report")
             return
         end = self._evaluate(trainer, pl_module)
-        forgetting = end[self.metric][:, 0] - self.at_switch[self.metric][:, 0]
-        transfer = self.at_switch[self.metric][:, 1] - end[self.metric][:, 1]
+        forgetting = forgetting_now(self.at_switch[self.metric], end[self.metric])
+        transfer = transfer_now(self.at_switch[self.metric], end[self.metric])
         labels = pl_module.labels
         scalars = {f"forgetting_final/{lbl}": forgetting[e] for e, lbl in enumerate(labels[: self.max_members])}
         scalars |= {f"transfer_final/{lbl}": transfer[e] for e, lbl in enumerate(labels[: self.max_members])}
