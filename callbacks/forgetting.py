@@ -174,7 +174,9 @@ class Forgetting(PeriodicCallback):
             on a chunk boundary of the stream; default: none (only the running and final values).
         source: ``"theory"``: errors from the order parameters (``theory_error``, [S] Eq. 9 on the
             simulated weights: exact, no Monte-Carlo noise; erf/relu/linear); ``"mc"``: the
-            datamodule's test set (``test_error``; any activation).
+            datamodule's test sets (any activation; a ``zoo.classifier.MultiHeadClassifier`` on
+            ``datamodules.MNISTContinual`` too, whose errors are ``1 - accuracy``). The module's
+            ``task_errors(datamodule, source)`` gives them.
         max_members: members with their own tags (a large ensemble would flood TensorBoard).
     """
 
@@ -203,10 +205,15 @@ class Forgetting(PeriodicCallback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         name = type(self).__name__
-        self.need(pl_module, "task_errors", "theory_error" if self.source == "theory" else "test_error")
+        self.need(pl_module, "task_errors", *(("theory_error",) if self.source == "theory" else ()))
         dm = trainer.datamodule
-        if dm is None or not hasattr(dm, "W_teachers"):
-            raise TypeError(f"{name} needs a teacher-student datamodule (datamodules.TeacherStudent)")
+        if dm is None or (self.source == "theory" and not hasattr(dm, "W_teachers")):
+            raise TypeError(f"{name}: source = 'theory' needs a teacher-student datamodule (datamodules.TeacherStudent)")
+        if self.source == "mc" and not callable(getattr(dm, "test_set", None)):
+            raise TypeError(f"{name}: source = 'mc' needs a datamodule with test sets (TeacherStudent, MNISTContinual)")
+        if self.delta_alpha is not None and not hasattr(pl_module, "d"):
+            raise ValueError(f"{name}: delta_alpha is in time units alpha = steps / d of a teacher-student run; "
+                             f"{type(pl_module).__name__} has no d: leave delta_alpha unset")
         switches = list(getattr(dm, "switch_steps", []) or [])
         if getattr(dm, "n_tasks", 1) < 2 or not switches:
             raise ValueError(f"{name}: the datamodule has no task switch (n_tasks = {getattr(dm, 'n_tasks', 1)}); "

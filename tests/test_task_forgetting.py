@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from callbacks.forgetting import Forgetting
 from callbacks.task_forgetting import TaskForgetting, group_key, profile_shape_with_noise, profiles
 from datamodules.mnist import MNISTContinual
 from tests.conftest import quiet_trainer
@@ -72,7 +73,8 @@ def _run(tmp_path, existing=()):
                               seed=[0, 1])
     cb = TaskForgetting(every_n_steps=4)
     snap = Snapshot(switch=6)
-    trainer = quiet_trainer(tmp_path, [cb, snap], existing=existing)
+    # the teacher-student Forgetting serves a classifier too (errors from net.task_errors)
+    trainer = quiet_trainer(tmp_path, [cb, snap, Forgetting(every_n_steps=4, source="mc")], existing=existing)
     trainer.fit(net, dm)
     return trainer, net, dm, cb, snap
 
@@ -86,6 +88,8 @@ def test_forgetting_equals_an_independent_evaluation(tmp_path):
         ce_switch = snap.module.member_loss(x, y, 0)
     expected = err_end - err_switch
     torch.testing.assert_close(cb.result["forgetting"], expected.double(), atol=1e-12, rtol=0)
+    fg = next(c for c in trainer.callbacks if isinstance(c, Forgetting))
+    torch.testing.assert_close(fg.final_errors[:, 0] - fg.switch_errors[0][:, 0], expected.double(), atol=1e-12, rtol=0)
     torch.testing.assert_close(cb.at_switch["loss"][:, 0], ce_switch.double(), atol=1e-6, rtol=1e-6)
     # training did change the first layer, so a zero forgetting everywhere would be suspicious
     assert not torch.equal(snap.module.W, net.W.cpu())
@@ -112,5 +116,13 @@ def test_refuses_a_module_or_datamodule_it_cannot_read(tmp_path):
             DeepLinearNet(dims=[2, 2, 2]), RankOne(n_in=2, n_out=2))
     with pytest.raises(ValueError, match="metric = 'acc'; allowed"):
         TaskForgetting(metric="acc")
+    # a classifier has test sets but no closed form: Forgetting's default source is refused before training
+    root = tiny_mnist(tmp_path / "data")
+    dm = MNISTContinual(data_dir=str(root), shared=0, batch_size=10, steps=[2, 2])
+    net = MultiHeadClassifier(hidden=4)
+    with pytest.raises(TypeError, match=r"Forgetting needs a module with theory_error\(\)"):
+        quiet_trainer(tmp_path, [Forgetting()], logger=False).fit(net, dm)
+    with pytest.raises(ValueError, match="source = 'theory'; allowed for a classifier: 'mc'"):
+        net.task_errors(dm, "theory")
     with pytest.raises(ValueError, match="tol = -1"):
         TaskForgetting(tol=-1)

@@ -208,6 +208,18 @@ class MultiHeadClassifier(pl.LightningModule):
         """Accuracy of every member on head ``task``, (E,)."""
         return (self(x, task).argmax(-1) == self.member_targets(y).to(self.W.device)).float().mean(1)
 
+    def task_errors(self, datamodule, source: str = "mc") -> Tensor:
+        """Test error ``1 - accuracy`` of every member on every task's head now, on the datamodule's
+        ``test_set(task)``: (E, n_tasks), float64 on the CPU (what the forgetting callbacks record;
+        a classifier has no closed form, so ``source`` must be ``"mc"``)."""
+        if source != "mc":
+            raise ValueError(f"task_errors: source = {source!r}; allowed for a classifier: 'mc' (test sets)")
+        errors = []
+        for t in range(self.n_tasks):
+            x, y = datamodule.test_set(t)
+            errors.append(1 - self.accuracy(x.to(self.W.device), y, t))
+        return torch.stack(errors, -1).double().cpu()
+
     @torch.no_grad()
     def fisher_W(self, x: Tensor, y: Tensor, task: int, mode: str = "sampled") -> Tensor:
         """Diagonal Fisher of ``W`` for head ``task``, per member, (E, hidden, n_in).
