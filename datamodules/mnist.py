@@ -5,10 +5,11 @@ task 1's: ``k = 5`` is the same task again, ``k = 0`` the other five digits ([S]
 corresponds to 5 new classes and 5 corresponds to the same 5 classes").
 
 **Which digits, and the label each gets.** A permutation ``pi`` of the digits 0..9 is drawn
-from ``seed``. Task 1 is ``pi[0:5]``, and digit ``pi[i]`` has label ``i``. Task 2 with ``k``
-shared digits is ``pi[0:k] + pi[5:10-k]``: the first ``k`` digits of task 1 *keep their labels*
-``0..k-1`` (so ``k = 5`` is exactly task 1), and labels ``k..4`` go to the first ``5-k`` unused
-digits. The sets are nested: task 2 for ``k`` and for ``k+1`` differ in one digit. Or give
+from ``seed``; with ``first_task`` (e.g. ``[0, 1, 2, 3, 4]``, [S] App. G's "first 5 classes"),
+a permutation of those five followed by one of the other five. Task 1 is ``pi[0:5]``, and digit
+``pi[i]`` has label ``i``. Task 2 with ``k`` shared digits is ``pi[0:k] + pi[5:10-k]``: the
+first ``k`` digits of task 1 *keep their labels* ``0..k-1`` (so ``k = 5`` is exactly task 1),
+and labels ``k..4`` go to the first ``5-k`` unused digits. The sets are nested: task 2 for ``k`` and for ``k+1`` differ in one digit. Or give
 both lists yourself: ``task_digits=[[0, 1, 2, 3, 4], [0, 1, 5, 6, 7]]`` (label ``i`` = the
 ``i``-th digit of each list; ``k`` is their overlap). ``digits[s][t]`` holds the result.
 
@@ -167,6 +168,9 @@ class MNISTContinual(pl.LightningDataModule):
             set per value (see the module docstring). Required unless ``task_digits`` is given.
         task_digits: both tasks' digits in label order, ``[[5 digits], [5 digits]]``; default
             drawn from ``seed``.
+        first_task: task 1's 5 digits, fixed for every draw (``[0, 1, 2, 3, 4]`` is [S] App. G's
+            "first 5 classes"); ``seed`` then draws only their labels, which of them task 2 keeps
+            and which of the other five come in. Default: task 1 is drawn too.
         batch_size: samples per SGD step.
         epochs: passes over task 1's training images, per task (a number: the same for both).
         steps: SGD steps per task (one number or one per task); overrides ``epochs``.
@@ -187,6 +191,7 @@ class MNISTContinual(pl.LightningDataModule):
         data_dir: str = "data",
         shared: int | list[int] | None = None,
         task_digits: list[list[int]] | None = None,
+        first_task: list[int] | None = None,
         batch_size: int = 64,
         epochs: float | list[float] = 1.0,
         steps: int | list[int] | None = None,
@@ -219,7 +224,16 @@ class MNISTContinual(pl.LightningDataModule):
             raise ValueError(f"{name}: epochs = {epochs!r}; allowed: a positive number or a list of "
                              f"{self.n_tasks} of them (one per task)")
         self.digit_draws = int(digit_draws)
-        sets = [self._digit_sets(shared, task_digits, seed + d) for d in range(self.digit_draws)]
+        if first_task is not None:
+            ft = list(first_task) if isinstance(first_task, (list, tuple)) else []
+            if (len(ft) != PER_TASK or len(set(ft)) != PER_TASK or any(
+                    isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < N_DIGITS for v in ft)):
+                raise ValueError(f"{name}: first_task = {first_task!r}; allowed: 5 distinct digits in 0..9, "
+                                 "e.g. [0, 1, 2, 3, 4]")
+            if task_digits is not None:
+                raise ValueError(f"{name}: first_task fixes task 1 and task_digits fixes both tasks; give one")
+            first_task = ft
+        sets = [self._digit_sets(shared, task_digits, seed + d, first_task) for d in range(self.digit_draws)]
         self.digits = [ds for digits, _ in sets for ds in digits]
         self.shared = [k for _, ks in sets for k in ks]  # one per set, draw by draw
         self.save_hyperparameters(logger=False)  # the module logs its own; equal keys (seed) may differ
@@ -231,7 +245,7 @@ class MNISTContinual(pl.LightningDataModule):
 
     # -- which digits -------------------------------------------------------------------------------
     @staticmethod
-    def _digit_sets(shared, task_digits, seed) -> tuple[list[list[list[int]]], list[int]]:
+    def _digit_sets(shared, task_digits, seed, first_task=None) -> tuple[list[list[list[int]]], list[int]]:
         name = "MNISTContinual"
         if task_digits is not None:
             lists = [list(d) for d in task_digits] if isinstance(task_digits, (list, tuple)) else []
@@ -252,7 +266,13 @@ class MNISTContinual(pl.LightningDataModule):
         ks = list(shared) if isinstance(shared, (list, tuple)) else [shared]
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= PER_TASK for k in ks):
             raise ValueError(f"{name}: shared = {shared!r}; allowed: an integer in 0..5 or a non-empty list of them")
-        pi = torch.randperm(N_DIGITS, generator=torch.Generator().manual_seed(_seed(seed, -1))).tolist()
+        g = torch.Generator().manual_seed(_seed(seed, -1))
+        if first_task is None:
+            pi = torch.randperm(N_DIGITS, generator=g).tolist()
+        else:  # the same construction within each half: task 1's digits, then the others
+            rest = [d for d in range(N_DIGITS) if d not in first_task]
+            pi = ([first_task[i] for i in torch.randperm(PER_TASK, generator=g).tolist()]
+                  + [rest[i] for i in torch.randperm(PER_TASK, generator=g).tolist()])
         task1 = pi[:PER_TASK]
         return [[task1, pi[:k] + pi[PER_TASK:N_DIGITS - k]] for k in ks], ks
 

@@ -105,7 +105,8 @@ def test_ewc_penalty_enters_the_loss_gradient():
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(hidden=0), "hidden"), (dict(activation="gelu"), "activation"),
-                                           (dict(lr=0.0), "lr")])
+                                           (dict(lr=0.0), "lr"), (dict(ensemble=0), "ensemble = 0"),
+                                           (dict(seed=[0, 1, 2], ensemble=2), "ensemble sizes disagree")])
 def test_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MultiHeadClassifier(**kwargs)

@@ -181,6 +181,36 @@ def test_context_init_gain():
         th.race_trajectory(dm.X, dm.Y, plain.gating, 5, tau=200.0, a0=torch.tensor([1.0, 0, 1, 1]))
 
 
+def test_comparison_records_its_models_and_loads_from_a_checkpoint(tmp_path):
+    """hparams.yaml names every model with its arguments, and load_from_checkpoint rebuilds the
+    whole comparison (weights, a GDLN's gates) without the datamodule."""
+    import lightning.pytorch as pl
+    import yaml
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    dm = Contexts(3, "same")
+    kw = dict(init=Gaussian(sigma=0.01), ensemble=2)
+    module = Comparison([ReLUNet(hidden=[20, 7], **kw), GDLN(n_hidden=5, context_init_gain=2.0, **kw)],
+                        names=["relu", "reln"], epochs_per_step=10)
+    trainer = pl.Trainer(max_steps=3, max_epochs=-1, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu")
+    trainer.fit(module, datamodule=dm)
+    saved = yaml.safe_load((tmp_path / "tb" / "version_0" / "hparams.yaml").read_text())
+    assert saved["names"] == ["relu", "reln"] and saved["epochs_per_step"] == 10
+    assert [m["class_path"] for m in saved["models"]] == ["zoo.gdln.ReLUNet", "zoo.gdln.GDLN"]
+    assert saved["models"][0]["init_args"]["hidden"] == [20, 7]
+    assert saved["models"][1]["init_args"]["context_init_gain"] == 2.0
+    trainer.save_checkpoint(ckpt := tmp_path / "c.ckpt")
+    loaded = Comparison.load_from_checkpoint(ckpt)
+    assert loaded.names == ["relu", "reln"]
+    for a, b in zip(loaded.models, module.models):
+        assert type(a) is type(b) and torch.allclose(a(dm.X), b(dm.X))
+        assert torch.equal(a.run_epochs(dm.X, dm.Y, 3), b.run_epochs(dm.X, dm.Y, 3))
+    with pytest.raises(ValueError, match=r"models\[0\]"):
+        Comparison([{"class_path": "torch.nn.Linear", "init_args": {}}])
+
+
 def test_comparison_through_trainer(tmp_path):
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger

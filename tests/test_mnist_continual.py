@@ -225,10 +225,30 @@ def test_corrupt_files_are_clear_errors(tmp_path):
     ({"shared": 1, "epochs": [1, 2, 3]}, "epochs"),
     ({"shared": 1, "steps": [10]}, "steps"),
     ({"shared": 1, "num_test": 0}, "num_test"),
+    ({"shared": 1, "first_task": [0, 1, 2, 3]}, "first_task"),
+    ({"shared": 1, "first_task": [0, 1, 2, 3, 3]}, "first_task"),
+    ({"shared": 1, "first_task": [0, 1, 2, 3, 10]}, "first_task"),
+    ({"first_task": [0, 1, 2, 3, 4], "task_digits": [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]}, "give one"),
 ])
 def test_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MNISTContinual("unused", **kwargs)
+
+
+def test_first_task_fixes_task_1_and_draws_the_rest():
+    # [S] App. G: task 1 is "the first 5 classes", task 2 takes its new digits from the other five
+    dm = MNISTContinual("unused", shared=[0, 1, 2, 3, 4, 5], first_task=[0, 1, 2, 3, 4], digit_draws=8)
+    orders, shared_first = set(), set()
+    for (a, b), k in zip(dm.digits, dm.shared):
+        assert sorted(a) == [0, 1, 2, 3, 4] and len(set(b)) == 5
+        assert b[:k] == a[:k] and all(d >= 5 for d in b[k:])  # k of task 1's, labels kept; new ones 5..9
+        orders.add(tuple(a))
+        if k == 1:
+            shared_first.add(b[0])
+    assert len(orders) == 8  # the draws differ in labels and in which digits are shared
+    assert len(shared_first) > 1
+    free = MNISTContinual("unused", shared=[0, 1, 2, 3, 4, 5], digit_draws=8)
+    assert any(sorted(a) != [0, 1, 2, 3, 4] for a, _ in free.digits)  # without it task 1 is drawn
 
 
 def test_explicit_task_digits(tiny):

@@ -102,7 +102,8 @@ def test_datamodule_rejects_bad_input(kwargs, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(eta=-1.0), "eta"), (dict(activation="tanh"), "activation"), (dict(p=0), "p = 0"),
-     (dict(init_w=Gaussian(sigma=[1.0, 2.0]), init_heads=Polar(theta=[0.0, 0.1, 0.2])), "ensemble sizes disagree")],
+     (dict(init_w=Gaussian(sigma=[1.0, 2.0]), init_heads=Polar(theta=[0.0, 0.1, 0.2])), "ensemble sizes disagree"),
+     (dict(ensemble=0), "ensemble = 0")],
 )
 def test_student_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -17,7 +17,7 @@ per-sample diagonal Fisher (buffers), and the loss of later tasks gains ``xi/2 s
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -26,9 +26,9 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
-from zoo.ewc import EWC, EWCState
-from zoo.init import EntropyMix, Gaussian, InitScheme, from_spec
-from zoo.ensemble import MAX_MEMBER_TAGS, grid_product, member_labels, replicate_schemes
+from zoo.ewc import EWC, EWCState, ensemble_state
+from zoo.init import EntropyMix, Gaussian, InitScheme
+from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
 
 Activation = Literal["sigmoid", "erf", "relu", "tanh"]
 
@@ -102,58 +102,30 @@ class MultiHeadClassifier(pl.LightningModule):
             raise ValueError(f"{name}: activation = {activation!r}; allowed: sigmoid, erf, relu, tanh")
         if not (lr > 0 and math.isfinite(lr)):
             raise ValueError(f"{name}: lr = {lr}; allowed: a positive number")
-        schemes = {"init_w": from_spec(init_w), "init_heads": from_spec(init_heads)}
-        if init_later_heads is not None:
-            schemes["init_later_heads"] = from_spec(init_later_heads)
-        for scheme in schemes.values():
-            scheme.spec()  # materialises jsonargparse's lazy defaults
+        schemes = layer_schemes(init_w, init_heads, init_later_heads)
         if isinstance(ewc, dict):
             ewc = EWC(**ewc)
-        seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
         xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
         self.save_hyperparameters()
         for key, scheme in schemes.items():
             self.hparams[key] = scheme.spec()
         if ewc is not None:
             self.hparams["ewc"] = asdict(ewc)
-        if grid:
-            schemes, lists = grid_product(schemes, {"seed": seeds, "xi": xis})
-            seeds, xis = lists["seed"], lists["xi"]
-        schemes = {key: scheme.checked() for key, scheme in schemes.items()}
-        sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
-        for key, values in (("seed", seeds), ("ewc.xi", xis)):
-            if values is not None and len(values) > 1:
-                sizes[key] = len(values)
-        if ensemble is not None:
-            sizes["ensemble"] = ensemble
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"{name}: the ensemble sizes disagree: {sizes}; give lists of one common length (or scalars)")
-        E0 = next(iter(sizes.values()), 1)
-        if seeds is not None and len(seeds) == 1:
-            seeds = seeds * E0
-        self.xis = xis * E0 if xis is not None and len(xis) == 1 else xis
+        members = resolve_members(name, schemes, seed, xis, grid, ensemble)
         self.n_in, self.hidden, self.n_classes, self.n_tasks = int(n_in), int(hidden), int(n_classes), int(n_tasks)
-        self.activation, self.lr, self.schemes, self.G = activation, float(lr), schemes, int(data_sets)
-        base = 0 if seeds is not None else int(seed)
-        W = replicate_schemes(schemes["init_w"], E0, seeds, [(self.hidden, self.n_in)], base)
-        heads = []
-        for t in range(self.n_tasks):
-            scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
-            heads.append(replicate_schemes(scheme, E0, seeds, [(self.n_classes, self.hidden)], base + 1 + t))
-        self.base_labels = member_labels(schemes, E0, seeds, self.xis)
+        self.activation, self.lr, self.schemes, self.G = activation, float(lr), members.schemes, int(data_sets)
+        self.xis = members.xis
+        W, heads = multi_head_weights(members, self.n_tasks, (self.hidden, self.n_in), (self.n_classes, self.hidden))
+        self.base_labels = member_labels(members.schemes, members.E, members.seeds, self.xis)
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0))
-        self.heads = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0))  # (E, T, C, H)
+        self.heads = nn.Parameter(heads.float().repeat_interleave(self.G, 0))  # (E, T, C, H)
         self.register_buffer("task", torch.tensor(0))
         self.ewc_config = ewc
         self.ewc = self._ewc_state()
 
     def _ewc_state(self) -> EWCState | None:
-        if self.ewc_config is None:
-            return None
-        config = self.ewc_config
-        if self.xis is not None:
-            config = replace(config, xi=[x for x in self.xis for _ in range(self.G)])
-        return EWCState({"W": self.W.shape}, config).to(self.W.device)
+        state = ensemble_state(self.ewc_config, self.xis, self.G, {"W": self.W.shape})
+        return None if state is None else state.to(self.W.device)
 
     # -- structure ----------------------------------------------------------------------------------
     @property

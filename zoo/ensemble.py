@@ -3,10 +3,12 @@ per-member seeds, EWC strengths, ...) zipped or, with ``grid: true``, their Cart
 per-member draws; member labels for TensorBoard tags."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from zoo.init import InitScheme
+from zoo.init import InitScheme, from_spec
 
 MAX_MEMBER_TAGS = 32
 """Ensembles up to this size log one loss curve per member; larger ones log the mean."""
@@ -63,3 +65,69 @@ def member_labels(schemes: dict[str, InitScheme], E: int, seeds: list[int] | Non
     if E > 1 and not any(parts):
         return [f"member{e}" for e in range(E)]
     return [",".join(p) or "member0" for p in parts]
+
+
+def layer_schemes(init_w, init_heads, init_later_heads=None) -> dict[str, InitScheme]:
+    """The schemes of a two-layer multi-head module ([S] Sec. 2.2): ``init_w``, ``init_heads``
+    and, if given, ``init_later_heads`` (the heads of tasks 2, 3, ...), from specs or schemes,
+    with jsonargparse's lazy defaults materialised."""
+    schemes = {"init_w": from_spec(init_w), "init_heads": from_spec(init_heads)}
+    if init_later_heads is not None:
+        schemes["init_later_heads"] = from_spec(init_later_heads)
+    for scheme in schemes.values():
+        scheme.spec()
+    return schemes
+
+
+@dataclass
+class Members:
+    """The initialisations of an ensemble: checked schemes, one seed and one EWC ``xi`` per member
+    (or ``None`` where they are shared), ``E`` members, and the generator seed of shared draws."""
+    schemes: dict[str, InitScheme]
+    seeds: list[int] | None
+    xis: list[float] | None
+    E: int
+    base_seed: int
+
+
+def resolve_members(name: str, schemes: dict[str, InitScheme], seed: int | list[int], xis: list[float] | None,
+                    grid: bool, ensemble: int | None) -> Members:
+    """Zip the list-valued parameters of ``schemes``, ``seed`` and ``xis`` into members (or, with
+    ``grid``, take their Cartesian product); lists of different lengths, or an ``ensemble`` that
+    disagrees with them, are an error naming each size."""
+    seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
+    if grid:
+        schemes, lists = grid_product(schemes, {"seed": seeds, "xi": xis})
+        seeds, xis = lists["seed"], lists["xi"]
+    schemes = {key: scheme.checked() for key, scheme in schemes.items()}
+    sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
+    for key, values in (("seed", seeds), ("ewc.xi", xis)):
+        if values is not None and len(values) > 1:
+            sizes[key] = len(values)
+    if ensemble is not None:
+        sizes["ensemble"] = ensemble
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"{name}: the ensemble sizes disagree: {sizes}; give lists of one common length (or scalars)")
+    E = next(iter(sizes.values()), 1)
+    if isinstance(E, bool) or int(E) != E or E < 1:
+        raise ValueError(f"{name}: ensemble = {ensemble!r}; allowed: a positive integer")
+    E = int(E)
+    if seeds is not None and len(seeds) == 1:
+        seeds = seeds * E
+    if xis is not None and len(xis) == 1:
+        xis = xis * E
+    return Members(schemes, seeds, xis, E, 0 if seeds is not None else int(seed))
+
+
+def multi_head_weights(members: Members, n_tasks: int, w_shape: tuple[int, ...],
+                       head_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Initial weights of a two-layer multi-head module: ``W`` (E, *w_shape) from ``init_w`` and
+    the heads (E, n_tasks, *head_shape), task 1's from ``init_heads`` and later ones from
+    ``init_later_heads`` when given; each layer (and head) from its own generator seed."""
+    s = members.schemes
+    W = replicate_schemes(s["init_w"], members.E, members.seeds, [w_shape], members.base_seed)
+    heads = []
+    for t in range(n_tasks):
+        scheme = s["init_later_heads"] if t > 0 and "init_later_heads" in s else s["init_heads"]
+        heads.append(replicate_schemes(scheme, members.E, members.seeds, [head_shape], members.base_seed + 1 + t))
+    return W, torch.stack(heads, 1)

@@ -21,7 +21,7 @@ single quadratic penalty; exact for one consolidated task, the case of [S] Fig. 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -171,3 +171,14 @@ class EWCState(nn.Module):
         Fs = torch.cat([self.fisher(n).flatten() for n in self.names]) if self.names else torch.zeros(1)
         return {"fisher/mean": float(Fs.mean()), "fisher/max": float(Fs.max()),
                 "fisher/consolidations": float(self.consolidations)}
+
+
+def ensemble_state(config: EWC | None, xis: list[float] | None, G: int,
+                   shapes: dict[str, torch.Size | tuple[int, ...]]) -> EWCState | None:
+    """The EWC buffers of an ensemble module whose initialisations are each replicated for ``G``
+    data sets: a per-initialisation ``xi`` list is repeated like the weights (``None`` without EWC)."""
+    if config is None:
+        return None
+    if xis is not None:
+        config = replace(config, xi=[x for x in xis for _ in range(G)])
+    return EWCState(shapes, config)

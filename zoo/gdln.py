@@ -477,6 +477,24 @@ class ReLUNet(FullBatchNet):
         return [h > 0 for h in acts[1:]]
 
 
+def _model_from_spec(model: FullBatchNet | dict, i: int) -> FullBatchNet:
+    """A model of a :class:`Comparison`, from itself or from its ``{"class_path", "init_args"}``."""
+    if isinstance(model, FullBatchNet):
+        return model
+    if isinstance(model, dict) and isinstance(model.get("class_path"), str):
+        import importlib
+
+        module, _, name = model["class_path"].rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module or "zoo"), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"Comparison: models[{i}].class_path = {model['class_path']!r} cannot be imported: {e}") from e
+        if isinstance(cls, type) and issubclass(cls, FullBatchNet):
+            return cls(**model.get("init_args", {}))
+    raise ValueError(f"Comparison: models[{i}] = {model!r}; allowed: a GDLN / ReLUNet (a FullBatchNet) or its "
+                     "{'class_path': ..., 'init_args': {...}}")
+
+
 class Comparison(pl.LightningModule):
     """Several full-batch networks trained side by side on one datamodule, e.g. a ReLU net, its
     ReLN and a GDLN that does not match ([H] Figs. 2, 4, 5).
@@ -486,20 +504,29 @@ class Comparison(pl.LightningModule):
     Each model keeps its own init, ensemble and learning rate; ``epochs_per_step`` here overrides
     theirs so they stay in lockstep.
 
+    The hyperparameters hold every model as ``{"class_path", "init_args"}`` (in ``hparams.yaml``
+    and the checkpoint), so ``Comparison.load_from_checkpoint(path)`` rebuilds all of them.
+
     Args:
-        models: the networks (``GDLN``, ``ReLUNet``, ...), built from the datamodule at setup.
+        models: the networks (``GDLN``, ``ReLUNet``, ...), built from the datamodule at setup; or
+            their ``{"class_path", "init_args"}`` specs.
         names: a short name per model (default: class name, plus the gating for a GDLN).
         epochs_per_step: full-batch epochs per ``training_step`` for every model.
     """
 
-    def __init__(self, models: list[FullBatchNet], names: list[str] | None = None, epochs_per_step: int = 100) -> None:
+    def __init__(self, models: list[FullBatchNet | dict], names: list[str] | None = None,
+                 epochs_per_step: int = 100) -> None:
         super().__init__()
         if not models:
             raise ValueError("Comparison: models is empty; allowed: a non-empty list of GDLN / ReLUNet")
+        models = [_model_from_spec(m, i) for i, m in enumerate(models)]
         if names is not None and len(names) != len(models):
             raise ValueError(f"Comparison: {len(names)} names for {len(models)} models; give one name per model")
         if epochs_per_step < 1:
             raise ValueError(f"Comparison: epochs_per_step = {epochs_per_step}; allowed: a positive integer")
+        specs = [{"class_path": f"{type(m).__module__}.{type(m).__name__}", "init_args": dict(m.hparams)} for m in models]
+        # given as a dict: what the logger writes (hparams_initial) holds the specs, not the modules
+        self.save_hyperparameters({"models": specs, "names": names, "epochs_per_step": epochs_per_step})
         self.models = nn.ModuleList(models)
         self.names = names or [type(m).__name__ + (f"_{m.gating_name}" if isinstance(m, GDLN) else "") for m in models]
         self.epochs_per_step = epochs_per_step
@@ -517,6 +544,19 @@ class Comparison(pl.LightningModule):
             if not m.built:
                 m.attach(dm)
                 m.build(dm.X, dm.Y)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Lightning calls these hooks on the top module only: each model keeps what it saves (a GDLN's gates)
+        for i, m in enumerate(self.models):
+            sub: dict = {}
+            m.on_save_checkpoint(sub)
+            checkpoint[f"comparison_model{i}"] = sub
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        for i, m in enumerate(self.models):
+            prefix = f"models.{i}."
+            state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+            m.on_load_checkpoint({**checkpoint.get(f"comparison_model{i}", {}), "state_dict": state})
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -40,9 +40,9 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
-from zoo.ewc import EWC, EWCState
-from zoo.ensemble import MAX_MEMBER_TAGS, grid_product, member_labels, replicate_schemes
-from zoo.init import Gaussian, InitScheme, Polar, from_spec
+from zoo.ewc import EWC, EWCState, ensemble_state
+from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
+from zoo.init import Gaussian, InitScheme, Polar
 
 # the update is explicit SGD without a torch optimizer, so Lightning's note about it is noise
 warnings.filterwarnings("ignore", message=r".*`configure_optimizers` returned `None`.*")
@@ -144,12 +144,7 @@ class MultiHeadStudent(pl.LightningModule):
             raise ValueError(f"{name}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
         if not (eta > 0 and math.isfinite(eta)):
             raise ValueError(f"{name}: eta = {eta}; allowed: a positive number")
-        schemes = {"init_w": from_spec(init_w), "init_heads": from_spec(init_heads)}
-        if init_later_heads is not None:
-            schemes["init_later_heads"] = from_spec(init_later_heads)
-        for scheme in schemes.values():
-            scheme.spec()  # materialises jsonargparse's lazy defaults
-        seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
+        schemes = layer_schemes(init_w, init_heads, init_later_heads)
         if isinstance(ewc, dict):  # from a checkpoint's hyperparameters
             ewc = EWC(**ewc)
         xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
@@ -158,37 +153,15 @@ class MultiHeadStudent(pl.LightningModule):
             self.hparams[key] = scheme.spec()
         if ewc is not None:
             self.hparams["ewc"] = asdict(ewc)
-        if grid:
-            schemes, lists = grid_product(schemes, {"seed": seeds, "xi": xis})
-            seeds, xis = lists["seed"], lists["xi"]
-        schemes = {key: scheme.checked() for key, scheme in schemes.items()}
-        sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
-        if seeds is not None and len(seeds) > 1:
-            sizes["seed"] = len(seeds)
-        if xis is not None and len(xis) > 1:
-            sizes["ewc.xi"] = len(xis)
-        if ensemble is not None:
-            sizes["ensemble"] = ensemble
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"{name}: the ensemble sizes disagree: {sizes}; give lists of one common length (or scalars)")
-        E0 = next(iter(sizes.values()), 1)
-        if E0 < 1:
-            raise ValueError(f"{name}: ensemble = {ensemble}; allowed: a positive integer")
-        if seeds is not None and len(seeds) == 1:
-            seeds = seeds * E0
-        self.xis = xis * E0 if xis is not None and len(xis) == 1 else xis
+        members = resolve_members(name, schemes, seed, xis, grid, ensemble)
+        self.xis = members.xis
         self.d, self.p, self.n_tasks, self.activation, self.eta = int(d), int(p), int(n_tasks), activation, float(eta)
-        self.schemes, self.G = schemes, int(teacher_sets)
+        self.schemes, self.G = members.schemes, int(teacher_sets)
         self.automatic_optimization = False
-        base_seed = 0 if seeds is not None else int(seed)
-        W = replicate_schemes(schemes["init_w"], E0, seeds, [(self.p, self.d)], base_seed)
-        heads = []
-        for t in range(self.n_tasks):
-            scheme = schemes["init_later_heads"] if t > 0 and "init_later_heads" in schemes else schemes["init_heads"]
-            heads.append(replicate_schemes(scheme, E0, seeds, [(1, self.p)], base_seed + 1 + t)[:, 0])
-        self.base_labels = member_labels(self.schemes, E0, seeds, self.xis)
+        W, heads = multi_head_weights(members, self.n_tasks, (self.p, self.d), (1, self.p))
+        self.base_labels = member_labels(self.schemes, members.E, members.seeds, self.xis)
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
-        self.h = nn.Parameter(torch.stack(heads, 1).float().repeat_interleave(self.G, 0), requires_grad=False)
+        self.h = nn.Parameter(heads[:, :, 0].float().repeat_interleave(self.G, 0), requires_grad=False)
         self.register_buffer("task", torch.tensor(0))
         self._remember_init()
         self.ewc_config = ewc
@@ -196,12 +169,8 @@ class MultiHeadStudent(pl.LightningModule):
 
     def _ewc_state(self) -> EWCState | None:
         """Buffers for EWC of ``W``, with one ``xi`` per member if ``xi`` is a list."""
-        if self.ewc_config is None:
-            return None
-        config = self.ewc_config
-        if self.xis is not None:  # per initialisation, replicated per teacher set like the weights
-            config = replace(config, xi=[x for x in self.xis for _ in range(self.G)])
-        return EWCState({"W": self.W.shape}, config).to(self.W.device)
+        state = ensemble_state(self.ewc_config, self.xis, self.G, {"W": self.W.shape})
+        return None if state is None else state.to(self.W.device)
 
     def _remember_init(self) -> None:
         """Buffers of the initial weights: the ODE of ``TheoryOverlay`` starts from them."""
