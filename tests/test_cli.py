@@ -132,3 +132,43 @@ def test_every_public_module_has_a_short_name(in_tmp, capsys):
         assert stop.value.code in (0, None), name
         out = capsys.readouterr().out
         assert f"class_path: zoo.{name}\n" in out or f"class_path: {getattr(zoo, name).__module__}.{name}\n" in out
+
+
+def test_a_comparison_from_the_cli_records_each_models_own_arguments(in_tmp):
+    """The CLI builds a Comparison's models inside the Comparison's hyperparameter context: each
+    model must still record its own arguments, and the checkpoint must load without the CLI."""
+    import torch
+    import yaml
+
+    from datamodules.contexts import Contexts
+    from zoo.gdln import Comparison
+
+    (in_tmp / "cmp.yaml").write_text(textwrap.dedent("""
+        model:
+          class_path: Comparison
+          init_args:
+            epochs_per_step: 10
+            names: [relu, reln]
+            models:
+              - class_path: ReLUNet
+                init_args: {hidden: [20, 7], ensemble: 2, init: {class_path: Gaussian, init_args: {sigma: 0.01}}}
+              - class_path: GDLN
+                init_args: {n_hidden: 5, gating: reln, context_init_gain: 2.0, ensemble: 2,
+                            init: {class_path: Gaussian, init_args: {sigma: 0.01}}}
+        data:
+          class_path: Contexts
+          init_args: {n_contexts: 3, structure: same}
+        trainer: {max_steps: 2, max_epochs: -1, enable_progress_bar: false}
+    """))
+    cli = run_cli("fit", "--config", str(in_tmp / "cmp.yaml"))
+    folder = in_tmp / "lightning_logs" / "version_0"
+    saved = yaml.safe_load((folder / "hparams.yaml").read_text())
+    relu, reln = (m["init_args"] for m in saved["models"])
+    assert relu["hidden"] == [20, 7] and "models" not in relu and "_class_path" not in relu
+    assert reln["n_hidden"] == 5 and reln["gating"] == "reln" and reln["context_init_gain"] == 2.0
+    assert reln["init"]["init_args"]["sigma"] == 0.01
+    (ckpt,) = (folder / "checkpoints").glob("*.ckpt")
+    loaded = Comparison.load_from_checkpoint(ckpt)
+    X = Contexts(3, "same").X
+    for a, b in zip(loaded.models, cli.model.models):
+        assert type(a) is type(b) and torch.allclose(a(X), b(X))

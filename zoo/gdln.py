@@ -92,6 +92,30 @@ class FullBatchNet(pl.LightningModule):
         self.automatic_optimization = False
         self.W = nn.ParameterList()
 
+    def _save_own_hyperparameters(self, ignore: list[str]) -> None:
+        """``save_hyperparameters`` of this model's own constructor arguments (a subclass's too).
+
+        Lightning's CLI builds a module inside a context that hands the module's configured
+        hyperparameters to every ``save_hyperparameters()`` call; the models of a ``Comparison`` are
+        built inside the Comparison's, and would record *its* arguments. Those are used only when
+        they are this class's."""
+        import inspect
+
+        frame = inspect.currentframe().f_back
+        try:
+            from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+        except ImportError:  # a Lightning without the context
+            self.save_hyperparameters(ignore=ignore, frame=frame)
+            return
+        given = _given_hyperparameters.get()
+        mine = given is None or given.get("_class_path") == f"{type(self).__module__}.{type(self).__qualname__}"
+        token = None if mine else _given_hyperparameters.set(None)
+        try:
+            self.save_hyperparameters(ignore=ignore, frame=frame)
+        finally:
+            if token is not None:
+                _given_hyperparameters.reset(token)
+
     # -- structure ----------------------------------------------------------------------------
     @property
     def built(self) -> bool:
@@ -300,7 +324,7 @@ class GDLN(FullBatchNet):
             raise ValueError(f"GDLN: context_init_gain = {context_init_gain}; allowed: a positive number")
         if training not in ("joint", "two_loss", "residual"):
             raise ValueError(f"GDLN: training = {training!r}; allowed: 'joint', 'two_loss' or 'residual'")
-        self.save_hyperparameters(ignore=["init"])
+        self._save_own_hyperparameters(ignore=["init"])
         self.hparams["init"] = self.init_scheme.spec()
         self.gating_name, self.n_hidden, self.training_mode = gating, n_hidden, training
         self.context_init_gain = float(context_init_gain)
@@ -452,7 +476,7 @@ class ReLUNet(FullBatchNet):
         super().__init__(init, ensemble, lr, reduction, epochs_per_step, seed, num_threads)
         if not hidden or any(int(h) < 1 for h in hidden) or len(hidden) > 2:
             raise ValueError(f"ReLUNet: hidden = {hidden}; allowed: one or two positive widths, e.g. [700]")
-        self.save_hyperparameters(ignore=["init"])
+        self._save_own_hyperparameters(ignore=["init"])
         self.hparams["init"] = self.init_scheme.spec()
         self.hidden = [int(h) for h in hidden]
 
@@ -478,7 +502,8 @@ class ReLUNet(FullBatchNet):
 
 
 def _model_from_spec(model: FullBatchNet | dict, i: int) -> FullBatchNet:
-    """A model of a :class:`Comparison`, from itself or from its ``{"class_path", "init_args"}``."""
+    """A model of a :class:`Comparison`, from itself or from its ``{"class_path", "init_args"}``
+    (how ``load_from_checkpoint`` gives it back)."""
     if isinstance(model, FullBatchNet):
         return model
     if isinstance(model, dict) and isinstance(model.get("class_path"), str):
@@ -493,6 +518,15 @@ def _model_from_spec(model: FullBatchNet | dict, i: int) -> FullBatchNet:
             return cls(**model.get("init_args", {}))
     raise ValueError(f"Comparison: models[{i}] = {model!r}; allowed: a GDLN / ReLUNet (a FullBatchNet) or its "
                      "{'class_path': ..., 'init_args': {...}}")
+
+
+def _model_spec(model: FullBatchNet) -> dict:
+    """``{"class_path", "init_args"}`` of a model: its constructor's arguments, from its hparams."""
+    import inspect
+
+    params = [p for p in inspect.signature(type(model).__init__).parameters if p != "self"]
+    return {"class_path": f"{type(model).__module__}.{type(model).__name__}",
+            "init_args": {p: model.hparams[p] for p in params if p in model.hparams}}
 
 
 class Comparison(pl.LightningModule):
@@ -514,8 +548,7 @@ class Comparison(pl.LightningModule):
         epochs_per_step: full-batch epochs per ``training_step`` for every model.
     """
 
-    def __init__(self, models: list[FullBatchNet | dict], names: list[str] | None = None,
-                 epochs_per_step: int = 100) -> None:
+    def __init__(self, models: list[FullBatchNet], names: list[str] | None = None, epochs_per_step: int = 100) -> None:
         super().__init__()
         if not models:
             raise ValueError("Comparison: models is empty; allowed: a non-empty list of GDLN / ReLUNet")
@@ -524,7 +557,7 @@ class Comparison(pl.LightningModule):
             raise ValueError(f"Comparison: {len(names)} names for {len(models)} models; give one name per model")
         if epochs_per_step < 1:
             raise ValueError(f"Comparison: epochs_per_step = {epochs_per_step}; allowed: a positive integer")
-        specs = [{"class_path": f"{type(m).__module__}.{type(m).__name__}", "init_args": dict(m.hparams)} for m in models]
+        specs = [_model_spec(m) for m in models]
         # given as a dict: what the logger writes (hparams_initial) holds the specs, not the modules
         self.save_hyperparameters({"models": specs, "names": names, "epochs_per_step": epochs_per_step})
         self.models = nn.ModuleList(models)

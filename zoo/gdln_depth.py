@@ -65,7 +65,7 @@ class DepthGDLN(GDLN):
             raise ValueError(f"DepthGDLN: n_shared = {n_shared!r}; allowed: a positive integer")
         super().__init__(gating=gating, n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr, reduction=reduction,
                          training=training, epochs_per_step=epochs_per_step, seed=seed, num_threads=num_threads)
-        self.save_hyperparameters(ignore=["init"])
+        self._save_own_hyperparameters(ignore=["init"])
         self.hparams["init"] = self.init_scheme.spec()
         self.n_shared = n_shared
 
