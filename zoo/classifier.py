@@ -26,6 +26,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
+from zoo.hparams import store_hparams
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.init import EntropyMix, Gaussian, InitScheme
 from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
@@ -107,10 +108,8 @@ class MultiHeadClassifier(pl.LightningModule):
             ewc = EWC(**ewc)
         xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
         self.save_hyperparameters()
-        for key, scheme in schemes.items():
-            self.hparams[key] = scheme.spec()
-        if ewc is not None:
-            self.hparams["ewc"] = asdict(ewc)
+        store_hparams(self, **{key: scheme.spec() for key, scheme in schemes.items()},
+                      **({"ewc": asdict(ewc)} if ewc is not None else {}))
         members = resolve_members(name, schemes, seed, xis, grid, ensemble)
         self.n_in, self.hidden, self.n_classes, self.n_tasks = int(n_in), int(hidden), int(n_classes), int(n_tasks)
         self.activation, self.lr, self.schemes, self.G = activation, float(lr), members.schemes, int(data_sets)
@@ -229,7 +228,7 @@ class MultiHeadClassifier(pl.LightningModule):
                 self.W = nn.Parameter(self.W.detach().repeat_interleave(G, 0))
                 self.heads = nn.Parameter(self.heads.detach().repeat_interleave(G, 0))
             self.G = G
-            self.hparams["data_sets"] = G
+            store_hparams(self, data_sets=G)
             self.ewc = self._ewc_state()
         if hasattr(dm, "set_names"):
             self.set_names = list(dm.set_names)

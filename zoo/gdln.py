@@ -31,6 +31,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
+from zoo.hparams import store_hparams
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.theory.gdln import Gating, common_limit
 
@@ -325,7 +326,7 @@ class GDLN(FullBatchNet):
         if training not in ("joint", "two_loss", "residual"):
             raise ValueError(f"GDLN: training = {training!r}; allowed: 'joint', 'two_loss' or 'residual'")
         self._save_own_hyperparameters(ignore=["init"])
-        self.hparams["init"] = self.init_scheme.spec()
+        store_hparams(self, init=self.init_scheme.spec())
         self.gating_name, self.n_hidden, self.training_mode = gating, n_hidden, training
         self.context_init_gain = float(context_init_gain)
         self.gating: Gating | None = None
@@ -477,7 +478,7 @@ class ReLUNet(FullBatchNet):
         if not hidden or any(int(h) < 1 for h in hidden) or len(hidden) > 2:
             raise ValueError(f"ReLUNet: hidden = {hidden}; allowed: one or two positive widths, e.g. [700]")
         self._save_own_hyperparameters(ignore=["init"])
-        self.hparams["init"] = self.init_scheme.spec()
+        store_hparams(self, init=self.init_scheme.spec())
         self.hidden = [int(h) for h in hidden]
 
     def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:

@@ -40,6 +40,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
+from zoo.hparams import store_hparams
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
 from zoo.init import Gaussian, InitScheme, Polar
@@ -149,10 +150,8 @@ class MultiHeadStudent(pl.LightningModule):
             ewc = EWC(**ewc)
         xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
         self.save_hyperparameters()
-        for key, scheme in schemes.items():  # plain data: checkpoints load with weights_only
-            self.hparams[key] = scheme.spec()
-        if ewc is not None:
-            self.hparams["ewc"] = asdict(ewc)
+        store_hparams(self, **{key: scheme.spec() for key, scheme in schemes.items()},
+                      **({"ewc": asdict(ewc)} if ewc is not None else {}))
         members = resolve_members(name, schemes, seed, xis, grid, ensemble)
         self.xis = members.xis
         self.d, self.p, self.n_tasks, self.activation, self.eta = int(d), int(p), int(n_tasks), activation, float(eta)
@@ -307,7 +306,7 @@ class MultiHeadStudent(pl.LightningModule):
                 self.W = nn.Parameter(self.W.repeat_interleave(G, 0), requires_grad=False)
                 self.h = nn.Parameter(self.h.repeat_interleave(G, 0), requires_grad=False)
             self.G = G
-            self.hparams["teacher_sets"] = G
+            store_hparams(self, teacher_sets=G)
             self._remember_init()
             if self.ewc is not None:
                 self.ewc = self._ewc_state()

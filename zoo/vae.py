@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from zoo.divergence import check_finite
+from zoo.hparams import store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
@@ -165,8 +166,7 @@ class BetaVAE(pl.LightningModule):
                 )
         self.beta, self.lr, self.seed = float(beta), float(lr), int(seed)
         self.save_hyperparameters()
-        for key, scheme in self.schemes.items():
-            self.hparams[key] = scheme.spec()  # plain data: checkpoints load with weights_only
+        store_hparams(self, **{key: scheme.spec() for key, scheme in self.schemes.items()})
         self.image_shape: list[int] | None = None
         self.encoder: nn.Sequential | None = None
         self.decoder: nn.Sequential | None = None
@@ -181,7 +181,7 @@ class BetaVAE(pl.LightningModule):
             raise ValueError(f"{type(self).__name__}: image_shape = {list(image_shape)}; "
                              "allowed: [C, H, W], all positive")
         self.image_shape = shape
-        self.hparams["image_shape"] = shape
+        store_hparams(self, image_shape=shape)
         D, L = math.prod(shape), self.latent_dim
         self.encoder = _mlp([D, *self.encoder_widths, 2 * L])
         self.decoder = _mlp([L, *self.decoder_widths, D])
@@ -314,7 +314,7 @@ class BetaVAESweep(pl.LightningModule):
             raise ValueError(f"{name}: the init schemes describe different numbers of models {sizes}; "
                              "give list parameters of one length (or scalars)")
         self.save_hyperparameters()
-        self.hparams["init_encoder"], self.hparams["init_decoder"] = enc.spec(), dec.spec()
+        store_hparams(self, init_encoder=enc.spec(), init_decoder=dec.spec())
         self.lr = float(lr)
         labels = self._init_labels(enc, dec, n_init)
         members, self.labels, self.member_params = [], [], []
@@ -353,7 +353,7 @@ class BetaVAESweep(pl.LightningModule):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         for m in self.members:
             m.adopt_image_shape(getattr(dm, "image_shape", None))
-        self.hparams["image_shape"] = self.members[0].image_shape
+        store_hparams(self, image_shape=self.members[0].image_shape)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]

@@ -1,0 +1,52 @@
+"""What a module's logger writes (``hparams_initial``: hparams.yaml, TensorBoard HPARAMS) is plain
+data and the same as the checkpoint's ``hparams``: init schemes as specs, sizes learnt at setup."""
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from zoo.init import Gain, Gaussian, Imbalance, LambdaBalanced, Polar
+
+
+def _modules():
+    from zoo import (BetaVAE, BetaVAESweep, Comparison, DeepLinearNet, DepthGDLN, GDLN, MultiHeadClassifier,
+                     MultiHeadStudent, ReLUNet, SparseAutoencoder)
+
+    return {
+        "deep_linear": lambda: DeepLinearNet(dims=[4, 3, 4], init=LambdaBalanced(lam=[0.0, 1.0], scale=1e-3)),
+        "student": lambda: MultiHeadStudent(d=10, init_w=Gaussian(sigma=1e-3), init_heads=Polar(theta=[0.0, 0.3])),
+        "classifier": lambda: MultiHeadClassifier(n_in=6, hidden=4, init_w=Gaussian(sigma=0.1)),
+        "gdln": lambda: GDLN(n_hidden=5, init=Gaussian(sigma=0.01)),
+        "relu": lambda: ReLUNet(hidden=[8], init=Gaussian(sigma=0.01)),
+        "depth": lambda: DepthGDLN(n_hidden=5, n_shared=6, init=Gaussian(sigma=0.01)),
+        "comparison": lambda: Comparison([ReLUNet(hidden=[8], init=Gaussian(sigma=0.01))]),
+        "vae": lambda: BetaVAE(image_shape=[1, 4, 4], latent_dim=2, init_encoder=Gain(g=0.5)),
+        "vae_sweep": lambda: BetaVAESweep(image_shape=[1, 4, 4], latent_dim=2, init_encoder=Gain(g=[0.5, 1.0])),
+        "sae": lambda: SparseAutoencoder(d=4, n=8, init=Imbalance(v=0.5)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_modules()))
+def test_logged_hyperparameters_are_plain_data_and_match_the_checkpoints(name):
+    m = _modules()[name]()
+    logged = dict(m.hparams_initial)
+    assert logged == dict(m.hparams)
+    yaml.safe_dump(logged)  # refuses Python objects (an init scheme instead of its spec)
+    for key in ("init", "init_w", "init_heads", "init_encoder"):
+        if key in logged:
+            assert isinstance(logged[key], dict) and "class_path" in logged[key]
+
+
+def test_a_size_learnt_at_setup_reaches_the_logged_hyperparameters(tmp_path):
+    import lightning.pytorch as pl
+
+    from datamodules.teacher_student import TeacherStudent
+    from zoo import MultiHeadStudent
+
+    dm = TeacherStudent(d=20, gamma=[0.0, 0.5, 1.0], switch_step=2, num_test=100)
+    m = MultiHeadStudent(d=20, init_w=Gaussian(sigma=1e-3))
+    pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(m, datamodule=dm)
+    assert m.hparams["teacher_sets"] == 3 and m.hparams_initial["teacher_sets"] == 3
+    assert torch.is_tensor(m.W) and m.W.shape[0] == 3
