@@ -4,7 +4,10 @@
 
 Full-batch gradient descent on the semantic hierarchy for a 100-member lambda ensemble of
 8-8-8 networks. Prints steps/s and the ratio to a plain PyTorch loop of the same updates
-(autograd + SGD); `steps_per_batch` amortises Lightning's per-step overhead.
+(autograd + SGD); `steps_per_batch` amortises Lightning's per-step overhead, and the module's
+closed-form gradients (`losses_and_gradients`) skip autograd's graph. Target: the Lightning path
+at steps_per_batch >= 10 at least as fast as the plain loop (measured 1.04 and 1.33 at 10 and
+100; before the closed form 0.60 and 0.71).
 """
 from __future__ import annotations
 

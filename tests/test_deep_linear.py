@@ -43,6 +43,36 @@ def test_each_member_gets_exactly_its_own_gradient():
             assert torch.allclose(p.grad[0], q.grad[e], atol=1e-12)
 
 
+@pytest.mark.parametrize("dims, per_member_x", [([4, 3, 3], False), ([5, 4, 3, 2], False), ([3, 2], True)])
+def test_closed_form_gradients_equal_autograd(dims, per_member_x):
+    g = torch.Generator().manual_seed(0)
+    net = DeepLinearNet(dims=dims, init=Gaussian(sigma=[0.3, 0.6, 0.9])).double()
+    x = torch.randn(*((3,) if per_member_x else ()), 11, dims[0], generator=g, dtype=torch.float64)
+    y = torch.randn(11, dims[-1], generator=g, dtype=torch.float64)
+    losses, grads = net.losses_and_gradients((x, y))
+    auto = net.member_loss((x, y))
+    auto.sum().backward()
+    assert torch.allclose(losses, auto.detach(), atol=1e-14)
+    for W, G in zip(net.W, grads):
+        assert G.shape == W.shape and torch.allclose(G, W.grad, atol=1e-14)
+
+
+def test_a_subclass_with_its_own_loss_trains_on_it():
+    """Overriding member_loss switches training to autograd: twice the loss is twice the lr."""
+    class Doubled(DeepLinearNet):
+        def member_loss(self, batch):
+            return 2 * super().member_loss(batch)
+
+    def run(cls, lr):
+        dm = WhitenedRegression(n_in=4, n_out=4, num_samples=12, batches_per_epoch=5)
+        return _train(cls(dims=[4, 4, 4], init=LambdaBalanced(lam=[0.5, 1.0]), lr=lr, steps_per_batch=3), dm, 30)
+
+    a, b = run(Doubled, 0.05), run(DeepLinearNet, 0.1)
+    for p, q in zip(a.W, b.W):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert not torch.allclose(run(DeepLinearNet, 0.05).W[0], a.W[0], atol=1e-4)
+
+
 def _train(net, dm, steps):
     trainer(steps).fit(net, datamodule=dm)
     return net
