@@ -239,8 +239,9 @@ class TaskForgetting(HistoryCallback):
 
 def forgetting_profile_figure(path, prof: dict, task2: dict, metric: str, steps: np.ndarray, err1: np.ndarray,
                               labels: Sequence[str], switch: int) -> None:
-    """(a) forgetting vs shared classes ``k``, mean +- standard deviation over seeds (dots: single
-    seeds); (b) task 1's test error over steps, mean over seeds, one line per group and ``k``;
+    """(a) forgetting vs shared classes ``k``, mean +- standard deviation over runs, a run being a
+    seed and a digit draw (dots: single runs); (b) task 1's test error over steps, mean over runs,
+    one line per group and ``k``;
     (c) task 2's final test error vs ``k`` (did the second task get learned?)."""
     from callbacks.figures import _plt
 
@@ -266,7 +267,7 @@ def forgetting_profile_figure(path, prof: dict, task2: dict, metric: str, steps:
     a.axhline(0, color="grey", lw=0.5)
     a.set_xlabel("shared classes k (0: five new digits, 5: the same task)")
     a.set_ylabel(f"forgetting of task 1 (test {metric}: end - switch)")
-    a.set_title("(a) forgetting vs task similarity, mean +- sd over seeds")
+    a.set_title("(a) forgetting vs task similarity, mean +- sd over runs (seeds x digit draws)")
     a.legend(fontsize=7)
     b.axvline(switch, color="grey", ls=":", lw=1)
     b.set_xlabel("SGD step")
