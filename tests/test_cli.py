@@ -27,6 +27,9 @@ def test_default_seed_and_tensorboard_logger_and_saved_config(in_tmp):
     cli = run_cli("fit", "--config", QUICKSTART, "--trainer.max_steps=10", "--trainer.enable_progress_bar=false")
     assert cli.config["fit"]["seed_everything"] == 0
     assert isinstance(cli.trainer.logger, TensorBoardLogger)
+    # the configured module keeps the CLI's record of how it was built (load_from_checkpoint uses it)
+    assert cli.model.hparams["_instantiator"] == "lightning.pytorch.cli.instantiate_module"
+    assert cli.model.hparams["init"]["class_path"] == "zoo.init.LambdaBalanced"
     log_dir = in_tmp / "lightning_logs" / "version_0"
     assert (log_dir / "config.yaml").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in log_dir.iterdir())

@@ -50,3 +50,19 @@ def test_a_size_learnt_at_setup_reaches_the_logged_hyperparameters(tmp_path):
                enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(m, datamodule=dm)
     assert m.hparams["teacher_sets"] == 3 and m.hparams_initial["teacher_sets"] == 3
     assert torch.is_tensor(m.W) and m.W.shape[0] == 3
+
+
+def test_modules_built_inside_another_record_their_own_arguments():
+    """Lightning's CLI hands the configured module's arguments to every save_hyperparameters() made
+    while it is built; a BetaVAESweep's members (and a Comparison's networks) keep their own."""
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
+
+    from zoo import BetaVAESweep
+
+    given = {"_class_path": "zoo.vae.BetaVAESweep", "latent_dim": 2}
+    with _given_hyperparameters_context(hparams=given, instantiator="lightning.pytorch.cli.instantiate_module"):
+        sweep = BetaVAESweep(image_shape=[1, 4, 4], latent_dim=2, beta=3.0, init_encoder=Gain(g=[0.5, 1.0]))
+    assert sweep.hparams["_class_path"] == "zoo.vae.BetaVAESweep"  # the configured module keeps the CLI's
+    members = [dict(m.hparams) for m in sweep.members]
+    assert all("_class_path" not in m and m["beta"] == 3.0 for m in members)
+    assert {m["init_encoder"]["init_args"]["g"] for m in members} == {0.5, 1.0}

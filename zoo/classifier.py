@@ -26,7 +26,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
-from zoo.hparams import store_hparams
+from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.init import EntropyMix, Gaussian, InitScheme
 from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
@@ -107,8 +107,7 @@ class MultiHeadClassifier(pl.LightningModule):
         if isinstance(ewc, dict):
             ewc = EWC(**ewc)
         xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
-        self.save_hyperparameters()
-        store_hparams(self, **{key: scheme.spec() for key, scheme in schemes.items()},
+        save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in schemes.items()},
                       **({"ewc": asdict(ewc)} if ewc is not None else {}))
         members = resolve_members(name, schemes, seed, xis, grid, ensemble)
         self.n_in, self.hidden, self.n_classes, self.n_tasks = int(n_in), int(hidden), int(n_classes), int(n_tasks)

@@ -25,6 +25,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
+from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, from_spec
 
 MAX_MEMBER_TAGS = 32
@@ -65,7 +66,6 @@ class DeepLinearNet(pl.LightningModule):
     ) -> None:
         super().__init__()
         scheme = from_spec(init).checked()
-        init = scheme.spec()  # hparams hold plain data: checkpoints load with weights_only
         if len(dims) < 2 or any(int(n) < 1 for n in dims):
             raise ValueError(f"DeepLinearNet: dims = {dims}; allowed: at least two positive widths [n_in, ..., n_out]")
         if not (lr > 0 and math.isfinite(lr)):
@@ -82,7 +82,7 @@ class DeepLinearNet(pl.LightningModule):
             raise ValueError(f"DeepLinearNet: steps_per_batch = {steps_per_batch}; allowed: a positive integer")
         if task_aligned and not isinstance(scheme, LambdaBalanced):
             raise ValueError(f"DeepLinearNet: task_aligned = true needs init lambda_balanced, got {type(scheme).__name__}")
-        self.save_hyperparameters()
+        save_own_hyperparameters(self, init=scheme.spec())
         self.dims, self.init_scheme, self.ensemble, self.lr = [int(n) for n in dims], scheme, E, lr
         self.task_aligned, self.seed, self.steps_per_batch = task_aligned, seed, steps_per_batch
         self.reversed_modes = list(reversed_modes or [])

@@ -31,7 +31,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
-from zoo.hparams import store_hparams
+from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.theory.gdln import Gating, common_limit
 
@@ -92,30 +92,6 @@ class FullBatchNet(pl.LightningModule):
         self.labels = [f"seed{seed}+{e}" for e in range(E)] if scheme.ensemble_size == 1 else scheme.labels(E)
         self.automatic_optimization = False
         self.W = nn.ParameterList()
-
-    def _save_own_hyperparameters(self, ignore: list[str]) -> None:
-        """``save_hyperparameters`` of this model's own constructor arguments (a subclass's too).
-
-        Lightning's CLI builds a module inside a context that hands the module's configured
-        hyperparameters to every ``save_hyperparameters()`` call; the models of a ``Comparison`` are
-        built inside the Comparison's, and would record *its* arguments. Those are used only when
-        they are this class's."""
-        import inspect
-
-        frame = inspect.currentframe().f_back
-        try:
-            from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-        except ImportError:  # a Lightning without the context
-            self.save_hyperparameters(ignore=ignore, frame=frame)
-            return
-        given = _given_hyperparameters.get()
-        mine = given is None or given.get("_class_path") == f"{type(self).__module__}.{type(self).__qualname__}"
-        token = None if mine else _given_hyperparameters.set(None)
-        try:
-            self.save_hyperparameters(ignore=ignore, frame=frame)
-        finally:
-            if token is not None:
-                _given_hyperparameters.reset(token)
 
     # -- structure ----------------------------------------------------------------------------
     @property
@@ -325,8 +301,7 @@ class GDLN(FullBatchNet):
             raise ValueError(f"GDLN: context_init_gain = {context_init_gain}; allowed: a positive number")
         if training not in ("joint", "two_loss", "residual"):
             raise ValueError(f"GDLN: training = {training!r}; allowed: 'joint', 'two_loss' or 'residual'")
-        self._save_own_hyperparameters(ignore=["init"])
-        store_hparams(self, init=self.init_scheme.spec())
+        save_own_hyperparameters(self, init=self.init_scheme.spec())
         self.gating_name, self.n_hidden, self.training_mode = gating, n_hidden, training
         self.context_init_gain = float(context_init_gain)
         self.gating: Gating | None = None
@@ -477,8 +452,7 @@ class ReLUNet(FullBatchNet):
         super().__init__(init, ensemble, lr, reduction, epochs_per_step, seed, num_threads)
         if not hidden or any(int(h) < 1 for h in hidden) or len(hidden) > 2:
             raise ValueError(f"ReLUNet: hidden = {hidden}; allowed: one or two positive widths, e.g. [700]")
-        self._save_own_hyperparameters(ignore=["init"])
-        store_hparams(self, init=self.init_scheme.spec())
+        save_own_hyperparameters(self, init=self.init_scheme.spec())
         self.hidden = [int(h) for h in hidden]
 
     def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:
@@ -522,12 +496,9 @@ def _model_from_spec(model: FullBatchNet | dict, i: int) -> FullBatchNet:
 
 
 def _model_spec(model: FullBatchNet) -> dict:
-    """``{"class_path", "init_args"}`` of a model: its constructor's arguments, from its hparams."""
-    import inspect
-
-    params = [p for p in inspect.signature(type(model).__init__).parameters if p != "self"]
+    """``{"class_path", "init_args"}`` of a model, from the arguments it recorded."""
     return {"class_path": f"{type(model).__module__}.{type(model).__name__}",
-            "init_args": {p: model.hparams[p] for p in params if p in model.hparams}}
+            "init_args": {k: v for k, v in model.hparams.items() if not k.startswith("_")}}
 
 
 class Comparison(pl.LightningModule):

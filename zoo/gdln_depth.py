@@ -22,7 +22,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor
 
 from zoo.gdln import GDLN
-from zoo.hparams import store_hparams
+from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme
 
 
@@ -66,8 +66,7 @@ class DepthGDLN(GDLN):
             raise ValueError(f"DepthGDLN: n_shared = {n_shared!r}; allowed: a positive integer")
         super().__init__(gating=gating, n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr, reduction=reduction,
                          training=training, epochs_per_step=epochs_per_step, seed=seed, num_threads=num_threads)
-        self._save_own_hyperparameters(ignore=["init"])
-        store_hparams(self, init=self.init_scheme.spec())
+        save_own_hyperparameters(self, init=self.init_scheme.spec())
         self.n_shared = n_shared
 
     def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite, drop_diverged
-from zoo.hparams import store_hparams
+from zoo.hparams import save_own_hyperparameters
 from zoo.init import Imbalance, InitScheme, from_spec
 from zoo.ensemble import grid_product
 
@@ -76,8 +76,7 @@ class SparseAutoencoder(pl.LightningModule):
         if on_divergence not in ("stop", "drop"):
             raise ValueError(f"{name}: on_divergence = {on_divergence!r}; allowed: 'stop' or 'drop'")
         scheme = from_spec(init).checked()
-        self.save_hyperparameters()
-        store_hparams(self, init=scheme.spec())
+        save_own_hyperparameters(self, init=scheme.spec())
         if grid:
             schemes, lists = grid_product({"init": scheme}, {"l1": l1s})
             scheme, l1s = schemes["init"], lists["l1"]

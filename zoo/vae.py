@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from zoo.divergence import check_finite
-from zoo.hparams import store_hparams
+from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
@@ -165,8 +165,7 @@ class BetaVAE(pl.LightningModule):
                     "use zoo.vae.BetaVAESweep to train one model per value"
                 )
         self.beta, self.lr, self.seed = float(beta), float(lr), int(seed)
-        self.save_hyperparameters()
-        store_hparams(self, **{key: scheme.spec() for key, scheme in self.schemes.items()})
+        save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in self.schemes.items()})
         self.image_shape: list[int] | None = None
         self.encoder: nn.Sequential | None = None
         self.decoder: nn.Sequential | None = None
@@ -313,8 +312,7 @@ class BetaVAESweep(pl.LightningModule):
         if any(s not in (1, n_init) for s in sizes.values()):
             raise ValueError(f"{name}: the init schemes describe different numbers of models {sizes}; "
                              "give list parameters of one length (or scalars)")
-        self.save_hyperparameters()
-        store_hparams(self, init_encoder=enc.spec(), init_decoder=dec.spec())
+        save_own_hyperparameters(self, init_encoder=enc.spec(), init_decoder=dec.spec())
         self.lr = float(lr)
         labels = self._init_labels(enc, dec, n_init)
         members, self.labels, self.member_params = [], [], []
