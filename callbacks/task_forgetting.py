@@ -128,7 +128,9 @@ class TaskForgetting(HistoryCallback):
     ``test_loss/task<t>/<member>`` (1-based ``t``) for up to ``max_members`` members, and, after
     the switch, ``forgetting/<member>``. At the end it logs ``forgetting_final/<member>``,
     ``transfer_final/<member>`` and, per group of members that differ only in seed,
-    ``forgetting_profile/<group>/k=<k>`` (mean over seeds), ``.../peak_k``, ``.../maslow`` and
+    ``forgetting_profile/<group>/k=<k>`` (mean over seeds), ``.../paired/k=<k>-k=<k0>`` and
+    ``.../paired_se/...`` (each run's difference from its first ``k``, mean and standard error:
+    what the shape test weighs), ``.../peak_k``, ``.../maslow`` and
     ``.../monotonic`` (:func:`profile_shape_with_noise`: beyond ``tol`` and two standard errors of
     the paired differences between a run's points), and
     writes ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
@@ -225,6 +227,14 @@ class TaskForgetting(HistoryCallback):
                 shape = profile_shape_with_noise(p["x"], p["mean"], p["std"], p["count"], self.tol, p["runs"])
                 p["shape"] = shape
                 scalars |= {f"forgetting_profile/{g}/k={x:g}": m for x, m in zip(p["x"], p["mean"])}
+                if p["runs"] is not None and p["runs"].shape[1] > 1:
+                    # paired with the first k: what the shape test weighs (a run's points share its digits)
+                    d = p["runs"] - p["runs"][:1]
+                    p["paired_mean"], p["paired_se"] = d.mean(1), d.std(1, ddof=1) / math.sqrt(d.shape[1])
+                    x0 = p["x"][0]
+                    for x, dm_, se in list(zip(p["x"], p["paired_mean"], p["paired_se"]))[1:]:
+                        scalars[f"forgetting_profile/{g}/paired/k={x:g}-k={x0:g}"] = dm_
+                        scalars[f"forgetting_profile/{g}/paired_se/k={x:g}-k={x0:g}"] = se
                 scalars |= {f"forgetting_profile/{g}/peak_k": shape["peak_gamma"],
                             f"forgetting_profile/{g}/maslow": float(shape["maslow"]),
                             f"forgetting_profile/{g}/monotonic": float(shape["monotonic"])}

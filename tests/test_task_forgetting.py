@@ -111,6 +111,10 @@ def test_forgetting_equals_an_independent_evaluation(tmp_path):
     assert list(prof) == ["all"] and list(prof["all"]["x"]) == [0, 3, 5]
     f = cb.result["forgetting"].numpy()
     np.testing.assert_allclose(prof["all"]["mean"], f.reshape(2, 3).mean(0))
+    # paired with k = 0: each seed's own difference, averaged; standard error over the 2 seeds
+    diff = f.reshape(2, 3) - f.reshape(2, 3)[:, :1]
+    np.testing.assert_allclose(prof["all"]["paired_mean"], diff.mean(0))
+    np.testing.assert_allclose(prof["all"]["paired_se"], diff.std(0, ddof=1) / np.sqrt(2))
     # the figure is written next to the events, and the user's file of the same name is kept
     folder = tmp_path / "tb" / "version_0"
     assert (folder / "forgetting_vs_shared.png").read_bytes() == b"a user's file"
