@@ -38,9 +38,11 @@ def group_key(label: str, drop: Sequence[str] = ("seed", "k", "draw")) -> str:
     return ",".join(kept) or "all"
 
 
-def profiles(values: Tensor | np.ndarray, labels: Sequence[str], x_key: str = "k") -> dict[str, dict[str, np.ndarray]]:
-    """Per group (:func:`group_key`), the mean and standard deviation over seeds of ``values`` (E,)
-    at each value of the label key ``x_key``.
+def profiles(values: Tensor | np.ndarray, labels: Sequence[str], x_key: str = "k",
+             drop: Sequence[str] = ("seed", "draw")) -> dict[str, dict[str, np.ndarray]]:
+    """Per group (:func:`group_key` without ``drop`` and ``x_key``), the mean and standard
+    deviation over the dropped parts (seeds, digit draws) of ``values`` (E,) at each value of the
+    label key ``x_key``; ``drop=("seed",)`` gives one profile per digit draw.
 
     Returns ``{group: {"x": (n,), "mean": (n,), "std": (n,), "count": (n,), "all": list of arrays,
     "runs": (n, R) or None}}`` with ``x`` sorted; ``std`` is the sample standard deviation (0 for a
@@ -58,7 +60,7 @@ def profiles(values: Tensor | np.ndarray, labels: Sequence[str], x_key: str = "k
             raise ValueError(f"profiles: member label {label!r} has no {x_key!r}=...; the datamodule must serve "
                              f"several data sets (e.g. MNISTContinual(shared=[0, 1, 2, 3, 4, 5]))")
         run = ",".join(f"{k}={val}" for k, val in parts.items() if k != x_key)
-        grouped.setdefault(group_key(label), {}).setdefault(float(parts[x_key]), {})[run] = float(value)
+        grouped.setdefault(group_key(label, (*drop, x_key)), {}).setdefault(float(parts[x_key]), {})[run] = float(value)
     out = {}
     for g, per_x in grouped.items():
         xs = sorted(per_x)
@@ -120,6 +122,36 @@ def task_metrics(pl_module: pl.LightningModule, test_sets: Sequence[tuple[Tensor
     return {"error": torch.stack(err, 1).double().cpu(), "loss": torch.stack(ce, 1).double().cpu()}
 
 
+def member_table(labels: Sequence[str], at_switch: dict[str, Tensor], end: dict[str, Tensor], forgetting: Tensor,
+                 metric: Metric, digits: Sequence[Sequence[Sequence[int]]] | None,
+                 set_index: Sequence[int]) -> list[dict[str, str | float]]:
+    """One row per member: its label, group (:func:`group_key`), digit draw and ``k``, the digits of
+    task 1 and task 2 in label order (``digits[set_index[e]]``, a datamodule's ``digits``; blank
+    without), task 1's ``metric`` at the switch and the end, the forgetting and task 2's final
+    test error. Every per-draw or per-digit statistic can be recomputed from it."""
+    rows = []
+    for e, lbl in enumerate(labels):
+        parts = parse_label(lbl)
+        ds = digits[set_index[e]] if digits is not None else None
+        rows.append({
+            "member": lbl, "group": group_key(lbl), "draw": parts.get("draw", ""), "k": parts.get("k", ""),
+            "task1_digits": " ".join(map(str, ds[0])) if ds else "",
+            "task2_digits": " ".join(map(str, ds[1])) if ds else "",
+            f"task1_{metric}_switch": float(at_switch[metric][e, 0]), f"task1_{metric}_end": float(end[metric][e, 0]),
+            "forgetting": float(forgetting[e]), "task2_error_end": float(end["error"][e, 1]),
+        })
+    return rows
+
+
+def write_table(path, rows: Sequence[dict]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 class TaskForgetting(HistoryCallback):
     """Test error and cross-entropy of every task, forgetting of task 1, and its profile vs ``k``.
 
@@ -132,8 +164,9 @@ class TaskForgetting(HistoryCallback):
     ``.../paired_se/...`` (each run's difference from its first ``k``, mean and standard error:
     what the shape test weighs), ``.../peak_k``, ``.../maslow`` and
     ``.../monotonic`` (:func:`profile_shape_with_noise`: beyond ``tol`` and two standard errors of
-    the paired differences between a run's points), and
-    writes ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
+    the paired differences between a run's points), with digit draws
+    ``forgetting_by_draw/<group>,draw=<d>/k=<k>`` (mean over seeds), and
+    writes ``forgetting_members.csv`` (:func:`member_table`) and ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
     curve per group; (b) task 1's test error over training, mean per group and ``k``.
 
     Args:
@@ -142,12 +175,14 @@ class TaskForgetting(HistoryCallback):
         tol: the margin of :func:`profile_shape` in units of ``metric``.
         max_members: members with their own scalar tags.
         figure: write ``forgetting_vs_shared.png``.
+        table: write ``forgetting_members.csv``, one row per member (:func:`member_table`): its
+            digits, task 1's metric at the switch and the end, the forgetting, task 2's final error.
     """
 
     HISTORY_KEYS = ("steps", "error", "loss")
 
     def __init__(self, every_n_steps: int = 200, metric: Metric = "error", tol: float = 0.005,
-                 max_members: int = 32, figure: bool = True) -> None:
+                 max_members: int = 32, figure: bool = True, table: bool = True) -> None:
         super().__init__(every_n_steps)
         name = type(self).__name__
         if metric not in ("error", "loss"):
@@ -156,7 +191,8 @@ class TaskForgetting(HistoryCallback):
             raise ValueError(f"{name}: tol = {tol!r}; allowed: a number >= 0")
         if isinstance(max_members, bool) or int(max_members) != max_members or max_members < 0:
             raise ValueError(f"{name}: max_members = {max_members!r}; allowed: an integer >= 0")
-        self.metric, self.tol, self.max_members, self.figure = metric, float(tol), int(max_members), bool(figure)
+        self.metric, self.tol, self.max_members = metric, float(tol), int(max_members)
+        self.figure, self.table = bool(figure), bool(table)
         self.result: dict = {}
 
     def _reset(self) -> None:
@@ -239,7 +275,17 @@ class TaskForgetting(HistoryCallback):
                             f"forgetting_profile/{g}/maslow": float(shape["maslow"]),
                             f"forgetting_profile/{g}/monotonic": float(shape["monotonic"])}
             self.result["profiles"] = prof
+            if any("draw" in parse_label(lbl) for lbl in labels):
+                # per digit draw, mean over seeds: which digits a draw keeps can make or unmake a bump
+                by_draw = profiles(forgetting, labels, drop=("seed",))
+                self.result["draw_profiles"] = by_draw
+                for g, p in by_draw.items():
+                    scalars |= {f"forgetting_by_draw/{g}/k={x:g}": m for x, m in zip(p["x"], p["mean"])}
         self.log_scalars(trainer, scalars)
+        if self.table:
+            rows = member_table(labels, self.at_switch, end, forgetting, self.metric,
+                                getattr(trainer.datamodule, "digits", None), pl_module.set_index.cpu().tolist())
+            write_table(output_path(trainer, "forgetting_members.csv"), rows)
         if self.figure and self.result["profiles"]:
             steps = np.asarray(self.history["steps"])
             err1 = torch.stack(self.history["error"])[:, :, 0].numpy()  # (n, E)

@@ -142,3 +142,33 @@ def test_refuses_a_module_or_datamodule_it_cannot_read(tmp_path):
         net.task_errors(dm, "theory")
     with pytest.raises(ValueError, match="tol = -1"):
         TaskForgetting(tol=-1)
+
+
+def test_per_draw_profiles_and_member_table_match_the_members(tmp_path):
+    import csv
+
+    root = tiny_mnist(tmp_path / "data")
+    dm = MNISTContinual(data_dir=str(root), shared=[0, 2], batch_size=10, steps=[4, 4], seed=3, digit_draws=2,
+                        first_task=[0, 1, 2, 3, 4])
+    net = MultiHeadClassifier(hidden=8, lr=2.0, init_w=Gaussian(sigma=1.0), seed=[0, 1, 2])
+    cb = TaskForgetting(every_n_steps=4, figure=False)
+    quiet_trainer(tmp_path, [cb]).fit(net, dm)
+    # members e = seed * 4 + set, sets ordered draw by draw: (k=0, d=0), (k=2, d=0), (k=0, d=1), (k=2, d=1)
+    f = cb.result["forgetting"].numpy().reshape(3, 2, 2)  # (seed, draw, k)
+    by_draw = cb.result["draw_profiles"]
+    assert sorted(by_draw) == ["draw=0", "draw=1"]
+    for d in (0, 1):
+        np.testing.assert_allclose(by_draw[f"draw={d}"]["mean"], f[:, d].mean(0))
+        np.testing.assert_array_equal(by_draw[f"draw={d}"]["count"], [3, 3])
+    np.testing.assert_allclose(cb.result["profiles"]["all"]["mean"], f.mean((0, 1)))  # over seeds and draws
+    rows = list(csv.DictReader(open(tmp_path / "tb" / "version_0" / "forgetting_members.csv")))
+    assert [r["member"] for r in rows] == net.labels
+    for e, r in enumerate(rows):
+        task1, task2 = dm.digits[e % 4]
+        assert r["task1_digits"] == " ".join(map(str, task1)) and r["task2_digits"] == " ".join(map(str, task2))
+        assert sorted(task1) == [0, 1, 2, 3, 4] and len(set(task1) & set(task2)) == int(r["k"])
+        assert r["draw"] == str((e % 4) // 2)
+        np.testing.assert_allclose(float(r["forgetting"]), cb.result["forgetting"][e].item())
+        np.testing.assert_allclose(float(r["task1_error_end"]) - float(r["task1_error_switch"]), float(r["forgetting"]),
+                                   atol=1e-12)
+        np.testing.assert_allclose(float(r["task2_error_end"]), cb.result["final"]["error"][e, 1].item())
