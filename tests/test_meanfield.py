@@ -26,14 +26,8 @@ from zoo.theory.meanfield import (
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors in long sequential loops: one intra-op thread avoids OpenMP hand-off costs
-    (10x slower on a busy 2-core machine); restored afterwards for the other test modules."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny tensors in long sequential loops: one intra-op thread (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,13 +28,8 @@ from zoo.theory.phase import initial_omegas, phase_diagram, simulate_two_pathway
 f64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors in long loops: intra-op threads only add synchronisation."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny tensors in long sequential loops: one intra-op thread (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_algorithm(lam1, lam2, s, d, tau, w1, w2, v_hat, v_star, K):
