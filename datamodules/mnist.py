@@ -27,6 +27,13 @@ digits a run with ``seed + d`` would (its own task 1), and the ``D x G`` sets ar
 draw, named ``"k=<k>,draw=<d>"``; callbacks that group members by initialisation average over
 draws as over seeds.
 
+**Input similarity (not in [S]).** Digits share strokes, so even ``k = 0`` leaves task 2's
+images close to task 1's. ``permute_new = f`` shuffles a fraction ``f`` of the pixel positions,
+by one permutation drawn from ``seed``, in the images of task 2's new digits (those not in its
+task 1; task 1's digits and the kept ones are untouched), in training, test and Fisher data
+alike: ``f = 1`` makes the new digits share no spatial structure with task 1's (as in permuted
+MNIST), so ``k = 0`` is also dissimilar in input, like orthogonal teachers in [S] Fig. 6.
+
 **Batches** are dicts ``{"x": (B, 784) float32, "y": (B,) int64 in 0..4, "task": () int64,
 "step": () int64}`` (``x`` (G, B, 784), ``y`` (G, B) with several sets): one SGD step each, the
 task index saying which head to train (what a two-layer network with one head per task needs).
@@ -179,6 +186,8 @@ class MNISTContinual(pl.LightningDataModule):
         seed: seed of the digits, the training streams and the Fisher samples.
         digit_draws: how many digit draws (seeds ``seed``, ``seed + 1``, ...) each ``k`` is repeated
             for (see the module docstring); the training steps are counted in draw 0's task 1.
+        permute_new: fraction in [0, 1] of the pixel positions shuffled in task 2's new digits
+            (module docstring, "Input similarity"); 0, the default, is [S] App. G's construction.
         num_workers: DataLoader workers.
         normalise: standardise pixels with the training set's mean and std (else ``pixel/255``).
         download: let torchvision download missing files (needs internet; default: an error).
@@ -198,6 +207,7 @@ class MNISTContinual(pl.LightningDataModule):
         num_test: int | None = None,
         seed: int = 0,
         digit_draws: int = 1,
+        permute_new: float = 0.0,
         num_workers: int = 0,
         normalise: bool = True,
         download: bool = False,
@@ -206,6 +216,8 @@ class MNISTContinual(pl.LightningDataModule):
         name = type(self).__name__
         if isinstance(digit_draws, bool) or int(digit_draws) != digit_draws or digit_draws < 1:
             raise ValueError(f"{name}: digit_draws = {digit_draws!r}; allowed: a positive integer")
+        if isinstance(permute_new, bool) or not (isinstance(permute_new, (int, float)) and 0 <= permute_new <= 1):
+            raise ValueError(f"{name}: permute_new = {permute_new!r}; allowed: a fraction of pixel positions in [0, 1]")
         if digit_draws > 1 and task_digits is not None:
             raise ValueError(f"{name}: digit_draws = {digit_draws} draws digits, but task_digits fixes them; give one")
         for arg, value in (("batch_size", batch_size), ("num_test", num_test)):
@@ -223,7 +235,7 @@ class MNISTContinual(pl.LightningDataModule):
         if len(epochs_l) != self.n_tasks or any(not (float(e) > 0 and math.isfinite(float(e))) for e in epochs_l):
             raise ValueError(f"{name}: epochs = {epochs!r}; allowed: a positive number or a list of "
                              f"{self.n_tasks} of them (one per task)")
-        self.digit_draws = int(digit_draws)
+        self.digit_draws, self.permute_new = int(digit_draws), float(permute_new)
         if first_task is not None:
             ft = list(first_task) if isinstance(first_task, (list, tuple)) else []
             if (len(ft) != PER_TASK or len(set(ft)) != PER_TASK or any(
@@ -333,6 +345,26 @@ class MNISTContinual(pl.LightningDataModule):
         d = self._load()
         return d["mean"], d["std"]
 
+    @property
+    def pixel_permutation(self) -> Tensor:
+        """The permutation of the 784 pixel positions applied to task 2's new digits: a random
+        ``round(permute_new * 784)`` of them shuffled among themselves (identity if 0)."""
+        g = torch.Generator().manual_seed(_seed(self.seed, -3))
+        moved = torch.randperm(784, generator=g)[: round(self.permute_new * 784)]
+        perm = torch.arange(784)
+        perm[moved] = moved[torch.randperm(moved.numel(), generator=g)]
+        return perm
+
+    def _images(self, split: str, set_index: int, task: int, rows: Tensor) -> Tensor:
+        """Images ``rows`` of ``split`` as task ``task`` of set ``set_index`` serves them: with
+        ``permute_new``, task 2's new digits (not in the set's task 1) have their pixels permuted."""
+        images, digits = self._load()["splits"][split]
+        out = images[rows]
+        if task > 0 and self.permute_new > 0:
+            new = ~torch.isin(digits[rows], torch.tensor(self.digits[set_index][0]))
+            out[new] = out[new].reshape(-1, 784)[:, self.pixel_permutation].reshape(-1, 28, 28)
+        return out
+
     def _pixels(self, images: Tensor) -> Tensor:
         d = self._load()
         return (images.reshape(*images.shape[:-2], 784).float() / 255.0 - d["mean"]) / d["std"]
@@ -378,8 +410,7 @@ class MNISTContinual(pl.LightningDataModule):
             perm = self._perm(task, key, j, N)
             here = (pos // N) == j
             out[here] = perm[pos[here] % N]
-        images = self._load()["splits"]["train"][0]
-        return images[idx[out]], labels[out]
+        return self._images("train", set_index, task, idx[out]), labels[out]
 
     def _perm(self, task: int, key: int, j: int, N: int) -> Tensor:
         """Permutation ``j`` of a stream (a few are cached: a batch needs one, rarely two)."""
@@ -435,8 +466,7 @@ class MNISTContinual(pl.LightningDataModule):
             N = per_set[0][0].numel()
         if self.num_test is not None:
             N = min(N, self.num_test)
-        images = d["splits"]["test"][0]
-        xs = [self._pixels(images[i[:N]]) for i, _ in per_set]
+        xs = [self._pixels(self._images("test", s, task, i[:N])) for s, (i, _) in enumerate(per_set)]
         ys = [lab[:N] for _, lab in per_set]
         return (xs[0], ys[0]) if self.data_sets == 1 else (torch.stack(xs), torch.stack(ys))
 
@@ -447,7 +477,6 @@ class MNISTContinual(pl.LightningDataModule):
         if isinstance(n, bool) or int(n) != n or n < 1:
             raise ValueError(f"MNISTContinual.fisher_data: n = {n!r}; allowed: a positive integer")
         d = self._load()
-        images = d["splits"]["train"][0]
         xs, ys = [], []
         sets = range(self.data_sets) if task > 0 else [self._task1_set(s) for s in range(self.data_sets)]
         m = min(n, min(self.train_size(task, s) for s in sets))
@@ -456,6 +485,6 @@ class MNISTContinual(pl.LightningDataModule):
             key = 0 if task == 0 else 1 + self.shared[s]
             g = torch.Generator().manual_seed(_seed(self.seed, -2, task, key))
             pick = torch.randperm(idx.numel(), generator=g)[:m]
-            xs.append(self._pixels(images[idx[pick]]))
+            xs.append(self._pixels(self._images("train", s, task, idx[pick])))
             ys.append(labels[pick])
         return (xs[0], ys[0]) if self.data_sets == 1 else (torch.stack(xs), torch.stack(ys))

@@ -229,6 +229,9 @@ def test_corrupt_files_are_clear_errors(tmp_path):
     ({"shared": 1, "first_task": [0, 1, 2, 3, 3]}, "first_task"),
     ({"shared": 1, "first_task": [0, 1, 2, 3, 10]}, "first_task"),
     ({"first_task": [0, 1, 2, 3, 4], "task_digits": [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]}, "give one"),
+    ({"shared": 1, "permute_new": 1.5}, "permute_new"),
+    ({"shared": 1, "permute_new": -0.1}, "permute_new"),
+    ({"shared": 1, "permute_new": True}, "permute_new"),
 ])
 def test_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -299,3 +302,44 @@ def test_real_mnist_from_a_copy_of_the_shared_gz_files(tmp_path):
     mean, std = dm.pixel_stats
     assert mean == pytest.approx(0.1307, abs=1e-4) and std == pytest.approx(0.3081, abs=1e-4)
     assert (raw / "train-images-idx3-ubyte").is_file()  # extracted next to the .gz files
+
+
+@pytest.mark.parametrize("f", [0.5, 1.0])
+def test_permute_new_shuffles_only_the_new_digits_pixels(tiny, f):
+    """Against the same datamodule without permute_new (the same streams): task 1 and the kept
+    digits are served unchanged, task 2's new digits as those images with permuted pixels."""
+    kw = dict(data_dir=str(tiny), shared=[0, 2, 5], batch_size=8, steps=[2, 3], seed=4, num_test=12,
+              digit_draws=2, normalise=False)
+    dm, plain = MNISTContinual(permute_new=f, **kw), MNISTContinual(**kw)
+    perm = dm.pixel_permutation
+    assert sorted(perm.tolist()) == list(range(784))
+    moved = int((perm != torch.arange(784)).sum())
+    assert round(f * 784) - 10 <= moved <= round(f * 784)  # a shuffle leaves a few in place
+    assert torch.equal(MNISTContinual(**kw).pixel_permutation, torch.arange(784))
+
+    def expected(x, y, set_index):
+        """plain's images with task 2's new digits permuted; (rows, 784)."""
+        new = ~torch.isin(torch.tensor(dm.digits[set_index][1])[y], torch.tensor(dm.digits[set_index][0]))
+        out = x.clone()
+        out[new] = x[new][:, perm]
+        return out, new
+
+    served = []
+    for step in range(5):
+        b, p = dm.batch(step), plain.batch(step)
+        assert torch.equal(b["y"], p["y"])
+        for s in range(dm.data_sets):
+            if step < 2:
+                assert torch.equal(b["x"][s], p["x"][s])  # task 1 is never permuted
+            else:
+                want, new = expected(p["x"][s], p["y"][s], s)
+                assert torch.equal(b["x"][s], want)
+                served.append((dm.shared[s], bool(new.any())))
+    for getter in (lambda m: m.test_set(1), lambda m: m.fisher_data(1, 20)):
+        (x, y), (xp, yp) = getter(dm), getter(plain)
+        assert torch.equal(y, yp)
+        for s in range(dm.data_sets):
+            assert torch.equal(x[s], expected(xp[s], yp[s], s)[0])
+    assert torch.equal(dm.test_set(0)[0], plain.test_set(0)[0])
+    # k = 5 keeps every digit, so nothing is permuted; k < 5 has new digits, which were
+    assert not any(new for k, new in served if k == 5) and all(new for k, new in served if k == 0)
