@@ -124,11 +124,12 @@ def task_metrics(pl_module: pl.LightningModule, test_sets: Sequence[tuple[Tensor
 
 def member_table(labels: Sequence[str], at_switch: dict[str, Tensor], end: dict[str, Tensor], forgetting: Tensor,
                  metric: Metric, digits: Sequence[Sequence[Sequence[int]]] | None,
-                 set_index: Sequence[int]) -> list[dict[str, str | float]]:
+                 set_index: Sequence[int], to_kept: Tensor | None = None) -> list[dict[str, str | float]]:
     """One row per member: its label, group (:func:`group_key`), digit draw and ``k``, the digits of
     task 1 and task 2 in label order (``digits[set_index[e]]``, a datamodule's ``digits``; blank
     without), task 1's ``metric`` at the switch and the end, the forgetting and task 2's final
-    test error. Every per-draw or per-digit statistic can be recomputed from it."""
+    test error, and (``to_kept``, :func:`errors_to_kept`) where task 1's errors went. Every
+    per-draw or per-digit statistic can be recomputed from it."""
     rows = []
     for e, lbl in enumerate(labels):
         parts = parse_label(lbl)
@@ -139,6 +140,7 @@ def member_table(labels: Sequence[str], at_switch: dict[str, Tensor], end: dict[
             "task2_digits": " ".join(map(str, ds[1])) if ds else "",
             f"task1_{metric}_switch": float(at_switch[metric][e, 0]), f"task1_{metric}_end": float(end[metric][e, 0]),
             "forgetting": float(forgetting[e]), "task2_error_end": float(end["error"][e, 1]),
+            "task1_errors_to_kept": float(to_kept[e]) if to_kept is not None else "",
         })
     return rows
 
@@ -150,6 +152,17 @@ def write_table(path, rows: Sequence[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+
+
+def errors_to_kept(pred: Tensor, target: Tensor, task1: Sequence[int], task2: Sequence[int]) -> float:
+    """Of task 1's test errors on the digits task 2 dropped, the fraction predicted as a label whose
+    digit task 2 kept; ``pred``, ``target`` (N,) task 1 labels, ``task1``/``task2`` the digits in
+    label order. Errors spread evenly would give ``k / 4`` (``k`` kept of the 4 wrong labels); a
+    fraction near 1 means task 2 merged the dropped digits into the kept ones. NaN without errors."""
+    kept = torch.tensor([i for i, d in enumerate(task1) if d in task2], dtype=torch.long)
+    dropped_wrong = (pred != target) & ~torch.isin(target, kept)
+    n = int(dropped_wrong.sum())
+    return float(torch.isin(pred[dropped_wrong], kept).sum()) / n if n else math.nan
 
 
 class TaskForgetting(HistoryCallback):
@@ -165,7 +178,8 @@ class TaskForgetting(HistoryCallback):
     what the shape test weighs), ``.../peak_k``, ``.../maslow`` and
     ``.../monotonic`` (:func:`profile_shape_with_noise`: beyond ``tol`` and two standard errors of
     the paired differences between a run's points), with digit draws
-    ``forgetting_by_draw/<group>,draw=<d>/k=<k>`` (mean over seeds), and
+    ``forgetting_by_draw/<group>,draw=<d>/k=<k>`` (mean over seeds), and, when the datamodule
+    has ``digits``, ``errors_to_kept/<group>/k=<k>`` (:func:`errors_to_kept`, mean over runs), and
     writes ``forgetting_members.csv`` (:func:`member_table`) and ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
     curve per group; (b) task 1's test error over training, mean per group and ``k``.
 
@@ -239,6 +253,19 @@ class TaskForgetting(HistoryCallback):
     def on_due(self, trainer, pl_module, outputs) -> None:
         self._evaluate(trainer, pl_module)
 
+    @torch.no_grad()
+    def _errors_to_kept(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor | None:
+        """:func:`errors_to_kept` of every member at the end, (E,); None without the digits."""
+        digits = getattr(trainer.datamodule, "digits", None)
+        if digits is None or not callable(getattr(pl_module, "member_targets", None)):
+            return None
+        x, y = self._tests[0]
+        pred = pl_module(x.to(pl_module.device), 0).argmax(-1).cpu()
+        target = pl_module.member_targets(y.to(pl_module.device)).cpu()
+        sets = pl_module.set_index.cpu().tolist()
+        return torch.tensor([errors_to_kept(pred[e], target[e], *digits[sets[e]]) for e in range(len(sets))],
+                            dtype=torch.float64)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.switch and self.at_switch is None:
             self.at_switch = self._evaluate(trainer, pl_module)  # the weights at the end of task 1
@@ -255,7 +282,7 @@ class TaskForgetting(HistoryCallback):
         scalars = {f"forgetting_final/{lbl}": forgetting[e] for e, lbl in enumerate(labels[: self.max_members])}
         scalars |= {f"transfer_final/{lbl}": transfer[e] for e, lbl in enumerate(labels[: self.max_members])}
         self.result = {"forgetting": forgetting, "transfer": transfer, "labels": list(labels), "profiles": {},
-                       "final": end}
+                       "final": end, "to_kept": self._errors_to_kept(trainer, pl_module)}
         if any("k" in parse_label(lbl) for lbl in labels):
             prof = profiles(forgetting, labels)
             self.result["task2_profiles"] = profiles(end["error"][:, 1], labels)
@@ -275,6 +302,11 @@ class TaskForgetting(HistoryCallback):
                             f"forgetting_profile/{g}/maslow": float(shape["maslow"]),
                             f"forgetting_profile/{g}/monotonic": float(shape["monotonic"])}
             self.result["profiles"] = prof
+            if self.result["to_kept"] is not None:
+                for g, p in profiles(self.result["to_kept"], labels).items():
+                    for x, v in zip(p["x"], p["all"]):
+                        if np.isfinite(v).any():  # NaN: no error on a dropped digit (none at k = 5)
+                            scalars[f"errors_to_kept/{g}/k={x:g}"] = float(np.nanmean(v))
             if any("draw" in parse_label(lbl) for lbl in labels):
                 # per digit draw, mean over seeds: which digits a draw keeps can make or unmake a bump
                 by_draw = profiles(forgetting, labels, drop=("seed",))
@@ -284,7 +316,8 @@ class TaskForgetting(HistoryCallback):
         self.log_scalars(trainer, scalars)
         if self.table:
             rows = member_table(labels, self.at_switch, end, forgetting, self.metric,
-                                getattr(trainer.datamodule, "digits", None), pl_module.set_index.cpu().tolist())
+                                getattr(trainer.datamodule, "digits", None), pl_module.set_index.cpu().tolist(),
+                                self.result["to_kept"])
             write_table(output_path(trainer, "forgetting_members.csv"), rows)
         if self.figure and self.result["profiles"]:
             steps = np.asarray(self.history["steps"])

@@ -3,6 +3,7 @@ checked against an independent evaluation of saved weights and hand-computed sta
 from __future__ import annotations
 
 import copy
+import math
 
 import lightning.pytorch as pl
 import numpy as np
@@ -172,3 +173,29 @@ def test_per_draw_profiles_and_member_table_match_the_members(tmp_path):
         np.testing.assert_allclose(float(r["task1_error_end"]) - float(r["task1_error_switch"]), float(r["forgetting"]),
                                    atol=1e-12)
         np.testing.assert_allclose(float(r["task2_error_end"]), cb.result["final"]["error"][e, 1].item())
+    # where task 1's errors went, recomputed from the module's own predictions
+    x, y = dm.test_set(0)
+    with torch.no_grad():
+        pred = net(x, 0).argmax(-1)
+    target = net.member_targets(y)
+    for e in range(net.ensemble):
+        task1, task2 = dm.digits[e % 4]
+        kept = [i for i, d in enumerate(task1) if d in task2]
+        wrong = [i for i in range(len(target[e])) if pred[e, i] != target[e, i] and int(target[e, i]) not in kept]
+        want = sum(int(pred[e, i]) in kept for i in wrong) / len(wrong) if wrong else math.nan
+        np.testing.assert_equal(cb.result["to_kept"][e].item(), want)
+        np.testing.assert_equal(float(rows[e]["task1_errors_to_kept"]), want)
+    assert (cb.result["to_kept"].numpy().reshape(3, 2, 2)[:, :, 1] > 0).any()  # not all zero at k = 2
+
+
+def test_errors_to_kept_counts_errors_on_dropped_digits_that_go_to_kept_labels():
+    from callbacks.task_forgetting import errors_to_kept
+
+    task1, task2 = [3, 7, 1, 0, 9], [3, 7, 5, 6, 8]  # digits 3 and 7 (labels 0, 1) kept
+    target = torch.tensor([0, 1, 2, 2, 3, 4, 4, 2])
+    pred = torch.tensor([1, 1, 0, 2, 1, 3, 0, 4])
+    # errors on dropped digits (labels 2, 3, 4): items 2 (->0), 4 (->1), 5 (->3), 6 (->0), 7 (->4);
+    # item 0 is an error on a kept digit and does not count; 3 of the 5 go to labels 0 or 1
+    assert errors_to_kept(pred, target, task1, task2) == 3 / 5
+    assert math.isnan(errors_to_kept(target, target, task1, task2))  # no errors
+    assert errors_to_kept(pred, target, task1, [5, 6, 8, 2, 4]) == 0.0  # nothing kept
