@@ -13,6 +13,7 @@ The grouping and the statistics are pure functions; the callback only evaluates 
 """
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Sequence
 from typing import Literal
@@ -146,8 +147,6 @@ def member_table(labels: Sequence[str], at_switch: dict[str, Tensor], end: dict[
 
 
 def write_table(path, rows: Sequence[dict]) -> None:
-    import csv
-
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -180,8 +179,9 @@ class TaskForgetting(HistoryCallback):
     the paired differences between a run's points), with digit draws
     ``forgetting_by_draw/<group>,draw=<d>/k=<k>`` (mean over seeds), and, when the datamodule
     has ``digits``, ``errors_to_kept/<group>/k=<k>`` (:func:`errors_to_kept`, mean over runs), and
-    writes ``forgetting_members.csv`` (:func:`member_table`) and ``forgetting_vs_shared.png``: (a) forgetting vs ``k``, mean and spread over seeds, one
-    curve per group; (b) task 1's test error over training, mean per group and ``k``.
+    writes ``forgetting_members.csv`` (:func:`member_table`) and ``forgetting_vs_shared.png``:
+    (a) forgetting vs ``k``, mean and spread over seeds, one curve per group; (b) task 1's test
+    error over training, mean per group and ``k``.
 
     Args:
         every_n_steps: SGD steps between evaluations (each costs a forward pass over the test sets).

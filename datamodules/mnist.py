@@ -60,6 +60,7 @@ waits on a download that cannot happen; ``download=True`` lets torchvision fetch
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -345,7 +346,7 @@ class MNISTContinual(pl.LightningDataModule):
         d = self._load()
         return d["mean"], d["std"]
 
-    @property
+    @functools.cached_property
     def pixel_permutation(self) -> Tensor:
         """The permutation of the 784 pixel positions applied to task 2's new digits: a random
         ``round(permute_new * 784)`` of them shuffled among themselves (identity if 0)."""
