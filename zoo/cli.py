@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -37,7 +38,21 @@ def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
     class ZooCLI(LightningCLI):
-        """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks."""
+        """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks, that
+        checkpoints every run (``zoo.checkpoint.RunCheckpoint``), resolves ``--ckpt_path last`` and
+        resumes a run into its own folder (``zoo.runs``)."""
+
+        def parse_arguments(self, parser, args) -> None:
+            super().parse_arguments(parser, args)
+            _resolve_last_checkpoint(self.config)
+
+        def instantiate_trainer(self, **kwargs):
+            config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+            kwargs.update(_with_run_checkpoint(config))
+            trainer = super().instantiate_trainer(**kwargs)
+            if self.subcommand == "fit":
+                _resume_into_run_folder(trainer, self._get(self.config_init, "ckpt_path"))
+            return trainer
 
         def instantiate_classes(self) -> None:
             try:
@@ -50,6 +65,72 @@ def _cli_class():
     return ZooCLI
 
 
+def _logger_root(trainer_config) -> Path:
+    """``<save_dir>/<name>`` of the run's logger as configured (Lightning's default: ./lightning_logs)."""
+    logger = trainer_config.get("logger") if trainer_config else None
+    init = getattr(logger, "init_args", None) if logger is not None else None
+    if init is not None and init.get("save_dir") is not None:
+        return Path(init.get("save_dir")) / (init.get("name") or "lightning_logs")
+    return Path(trainer_config.get("default_root_dir") or ".") / "lightning_logs"
+
+
+def _resolve_last_checkpoint(config) -> None:
+    """``--ckpt_path last``: the newest run's ``last.ckpt`` under the logger's folder."""
+    sub = config.get("subcommand")
+    if not sub or config[sub].get("ckpt_path") != "last":
+        return
+    from zoo.runs import newest_last_checkpoint
+
+    root = _logger_root(config[sub].get("trainer"))
+    found = newest_last_checkpoint(root)
+    if found is None:
+        raise SystemExit(f"error: ckpt_path = 'last': no run with checkpoints/last.ckpt under {root}/version_*; "
+                         "allowed: 'last' where a run has saved one, or the path of a .ckpt file")
+    config[sub]["ckpt_path"] = str(found)
+
+
+def _with_run_checkpoint(trainer_config: dict) -> dict:
+    """The Trainer's callbacks with a ``RunCheckpoint`` added, unless checkpointing is off or the
+    config has a ``ModelCheckpoint`` of its own (then nothing changes)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from zoo.checkpoint import RunCheckpoint
+
+    callbacks = trainer_config.get("callbacks") or []
+    callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    if trainer_config.get("enable_checkpointing") is False or any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        return {}
+    return {"callbacks": [*callbacks, RunCheckpoint()]}
+
+
+def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
+    """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs into ``version_N`` again, with
+    TensorBoard events after the checkpoint's step purged (a killed run may have logged past it),
+    and saves its config beside the first one without overwriting it."""
+    from lightning.pytorch.cli import SaveConfigCallback
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from zoo.runs import resumed_config_name, run_folder_of
+
+    logger = trainer.logger
+    if not ckpt_path or not isinstance(logger, TensorBoardLogger) or not Path(ckpt_path).is_file():
+        return
+    folder = run_folder_of(ckpt_path, logger.root_dir)
+    if folder is None:
+        return
+    import torch
+
+    try:
+        step = int(torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    except Exception:  # an unreadable checkpoint is reported when Lightning loads it
+        return
+    trainer.logger = TensorBoardLogger(logger.save_dir, name=logger.name, version=folder.name,
+                                       purge_step=step)
+    for cb in trainer.callbacks:
+        if isinstance(cb, SaveConfigCallback):
+            cb.config_filename = resumed_config_name(folder, step)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning`` / ``zoo`` scripts. ``args`` defaults to ``sys.argv[1:]``."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -58,7 +139,16 @@ def main(args: list[str] | None = None) -> None:
         return
     # from a console script, LightningCLI reads sys.argv itself and reports bad input as a
     # usage error (exit code 2) rather than a traceback
-    build_cli(None if args is None else argv)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        build_cli(None if args is None else argv)
+    except SIGTERMException:
+        # RunCheckpoint saved the state after the last finished batch; a scheduler that requeues
+        # the job sees a failure, not a finished run
+        print("zoo: stopped by SIGTERM; last.ckpt holds the state after the last finished batch: resume with "
+              "--ckpt_path last", file=sys.stderr)
+        sys.exit(143)
 
 
 def build_cli(args: list[str] | None = None, *, run: bool = True):

@@ -1,0 +1,112 @@
+"""``RunCheckpoint``: the zoo's default checkpoint, ``last.ckpt`` in the run folder, refreshed during the run.
+
+Lightning's default ``ModelCheckpoint`` saves at the end of an epoch. Most zoo recipes are one
+long epoch (a streamed SGD schedule) or a few epochs of many optimizer steps, so a run killed
+mid-way left no checkpoint, and one stopped by ``max_steps`` saved a state that Lightning reads
+back as "epoch finished" (a resumed run then trained nothing). This callback saves
+
+- every ``every`` fraction of the run's optimizer steps (default 10%), or every
+  ``every_n_train_steps`` if given, mid-epoch, after a training batch;
+- when ``max_steps`` is reached mid-epoch, the state after that batch, which resumes mid-epoch;
+- at the end of an epoch in which a save fell due or the run ends, the end-of-epoch state;
+- when the run is stopped by SIGTERM (cluster schedulers send it before killing a job), after the
+  batch in progress (Lightning raises ``SIGTERMException`` there; the CLI then exits with 143).
+
+Steps are ``global_step`` (optimizer updates as the module counts them). A module may advance
+``global_step`` by many per batch, so a save is due when a multiple of the interval is crossed,
+not hit exactly. Only ``last.ckpt`` is kept (``save_top_k=0``); pass a ``ModelCheckpoint`` of your
+own in ``trainer.callbacks`` for more.
+"""
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` every ``every`` of the run (a fraction in (0, 1]) or every ``every_n_train_steps``
+    optimizer steps, resumable mid-epoch; ``dirpath`` defaults to ``<run folder>/checkpoints``."""
+
+    def __init__(self, every: float = 0.1, every_n_train_steps: int | None = None, dirpath: str | None = None) -> None:
+        if not (isinstance(every, (int, float)) and 0.0 < every <= 1.0):
+            raise ValueError(f"RunCheckpoint: every = {every!r}; allowed: a fraction of the run in (0, 1]")
+        if every_n_train_steps is not None and (int(every_n_train_steps) != every_n_train_steps
+                                                 or every_n_train_steps < 1):
+            raise ValueError(f"RunCheckpoint: every_n_train_steps = {every_n_train_steps!r}; "
+                             "allowed: a positive integer, or null to use `every`")
+        # every_n_train_steps=0 / every_n_epochs=0: the base class's own schedule is off, this class decides
+        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, every_n_epochs=0,
+                         save_on_train_epoch_end=True, save_on_exception=True, enable_version_counter=False)
+        self.every = float(every)
+        self.every_n = every_n_train_steps
+        self._interval: int | None = every_n_train_steps
+        self._first_step: int | None = None
+        self._prev_step = 0
+        self._epoch_due = False
+
+    # ---- schedule -----------------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._first_step = self._prev_step = trainer.global_step
+
+    def _steps_in_run(self, trainer: pl.Trainer, per_batch: int) -> float:
+        """The run's length in optimizer steps, from its budget: ``max_steps`` and/or epochs."""
+        by_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else math.inf
+        batches = trainer.num_training_batches
+        epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else math.inf
+        by_epochs = per_batch * batches * epochs if math.isfinite(batches) else math.inf
+        return min(by_steps, by_epochs)
+
+    def _due(self, trainer: pl.Trainer) -> bool:
+        g = trainer.global_step
+        if self._interval is None:  # fixed after the first batch, when the steps a batch takes are known
+            per_batch = max(1, g - (self._first_step or 0))
+            total = self._steps_in_run(trainer, per_batch)
+            self._interval = max(1, math.ceil(self.every * total)) if math.isfinite(total) else per_batch * 1000
+        prev, self._prev_step = self._prev_step, g
+        return g // self._interval > prev // self._interval
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        due = self._due(trainer)
+        at_budget = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        if not (due or at_budget):
+            return
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and not at_budget:
+            # the epoch ends with this batch: save the end-of-epoch state, which Lightning resumes cleanly
+            self._epoch_due = True
+            return
+        self._save_last(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
+        completed = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        # cut short by max_steps: the batch-end save above holds the resumable mid-epoch state
+        if completed and (self._epoch_due or last_epoch):
+            self._save_last(trainer)
+        self._epoch_due = False
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """No saves keyed to validation: the schedule above covers every run."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # SIGTERM is raised between batches, at a consistent state; any other exception may leave
+        # the module half-updated, so the last scheduled checkpoint stays the one to resume from
+        if isinstance(exception, SIGTERMException) and self._last_global_step_saved != trainer.global_step:
+            self._save_last(trainer)
+
+    def _save_last(self, trainer: pl.Trainer) -> None:
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    # the schedule's position must survive a resume, or the resumed run would save at other steps
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "interval": self._interval}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        if self.every_n is None:
+            self._interval = state_dict.get("interval")
