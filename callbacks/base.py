@@ -34,7 +34,10 @@ class PeriodicCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.on_start(trainer, pl_module)
-        self.on_due(trainer, pl_module, None)
+        # a resumed run starts at a checkpoint saved after this step's work was done and logged:
+        # doing it again would add a second point at the same step
+        if not resuming(trainer):
+            self.on_due(trainer, pl_module, None)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.due(trainer):
@@ -83,6 +86,11 @@ class HistoryCallback(PeriodicCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._reset()
+
+
+def resuming(trainer: pl.Trainer) -> bool:
+    """True in a fit that resumed from a checkpoint taken after training had started."""
+    return trainer.ckpt_path is not None and trainer.global_step > 0
 
 
 def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> None:

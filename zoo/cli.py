@@ -105,7 +105,8 @@ def _with_run_checkpoint(trainer_config: dict) -> dict:
 
 def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
     """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs into ``version_N`` again, with
-    TensorBoard events after the checkpoint's step purged (a killed run may have logged past it),
+    TensorBoard events after the checkpoint's step purged (a killed run may have logged past it;
+    what was logged up to that step, the checkpoint's own step included, stays),
     and saves its config beside the first one without overwriting it."""
     from lightning.pytorch.cli import SaveConfigCallback
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -124,8 +125,9 @@ def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
         step = int(torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
     except Exception:  # an unreadable checkpoint is reported when Lightning loads it
         return
+    # default_hp_metric=False: the first part of the run wrote the HPARAMS placeholder already
     trainer.logger = TensorBoardLogger(logger.save_dir, name=logger.name, version=folder.name,
-                                       purge_step=step)
+                                       default_hp_metric=False, purge_step=step + 1)
     for cb in trainer.callbacks:
         if isinstance(cb, SaveConfigCallback):
             cb.config_filename = resumed_config_name(folder, step)
