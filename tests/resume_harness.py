@@ -37,10 +37,11 @@ def checkpoint_step(path: Path) -> int:
     return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
 
 
-def fit_killed(folder: Path, *args: str, timeout: float = 120.0) -> int:
-    """``python -m zoo fit *args`` in a subprocess, killed with SIGKILL as soon as its first
-    ``last.ckpt`` exists; returns that checkpoint's step. Fails if the run finished first (then
-    nothing was tested: give it a longer budget)."""
+def fit_killed(folder: Path, *args: str, sig: int = signal.SIGKILL, timeout: float = 120.0) -> int:
+    """``python -m zoo fit *args`` in a subprocess, sent ``sig`` (SIGKILL) as soon as its first
+    ``last.ckpt`` exists; returns the step of the ``last.ckpt`` it leaves. Fails if the run finished
+    first (then nothing was tested: give it a longer budget). A SIGTERM must end it with exit code
+    143 (the zoo's: stopped, checkpoint saved)."""
     folder.mkdir(parents=True, exist_ok=True)
     ckpt = folder / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -55,10 +56,12 @@ def fit_killed(folder: Path, *args: str, timeout: float = 120.0) -> int:
             proc.kill()
             raise AssertionError("no checkpoint within the timeout")
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(sig)
+    proc.wait(timeout=timeout)
+    err = proc.stderr.read().decode()
     proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    expected = -signal.SIGKILL if sig == signal.SIGKILL else 143
+    assert proc.returncode == expected, f"exit {proc.returncode}, expected {expected}:\n{err[-3000:]}"
     return checkpoint_step(ckpt)
 
 

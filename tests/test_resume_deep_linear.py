@@ -34,3 +34,15 @@ def test_kill_then_resume(reference, tmp_path):
     assert 0 < step < 600
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert_same_run(full, run)
+
+
+def test_sigterm_saves_exits_143_and_resumes(reference, tmp_path):
+    """What a cluster scheduler sends before killing a job: the run saves after the batch in
+    progress and exits non-zero, and resuming from that checkpoint gives the uninterrupted run."""
+    import signal
+
+    args, full = reference
+    step = fit_killed(tmp_path, *args, sig=signal.SIGTERM)
+    assert 0 < step < 600
+    run = fit(tmp_path, *args, "--ckpt_path", "last")
+    assert_same_run(full, run)
