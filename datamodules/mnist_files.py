@@ -90,7 +90,8 @@ def _gz_folder(raw: Path, download: bool, who: str, param: str) -> Path | None:
         found = next((p for p in where.parents if p.is_dir()), None)
         what = f"the folder {where} does not exist" + (f" ({found} is the nearest that does)" if found else "")
     else:
-        what = f"no {missing} in {where} (looked for the four original .gz files and for the four extracted *-ubyte files)"
+        what = (f"no {missing} in {where} (looked for the four original .gz files and for the four extracted "
+                "*-ubyte files)")
     raise FileNotFoundError(f"{who}: {param}: {what}. {HOW_TO_GET}")
 
 
