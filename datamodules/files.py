@@ -161,7 +161,7 @@ def remove_stale_parts(folder: Path, prefix: str = "") -> list[Path]:
             with contextlib.suppress(OSError):
                 stale = time.time() - p.stat().st_mtime > FOREIGN_PART_AGE_S
         if stale:
-            with contextlib.suppress(FileNotFoundError):  # another process may clean at the same time
+            with contextlib.suppress(OSError):  # gone already (another process cleaning), or not ours to remove
                 p.unlink()
                 removed.append(p)
     return removed
@@ -259,7 +259,12 @@ def is_verified(path: Path, checksum: str) -> bool:
 
 
 def mark_verified(path: Path, checksum: str) -> None:
-    """Remembers that ``path`` as it is now matches ``checksum`` (in the cache, never beside it)."""
+    """Remembers that ``path`` as it is now matches ``checksum`` (in the cache, never beside it; on
+    rank 0 only, the others verify again at worst)."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return
     m = _marker(path)
     if m is None:
         return
