@@ -52,7 +52,8 @@ def expected_arrays(root: Path) -> dict[str, np.ndarray]:
     for split, prefix in (("train", "train"), ("test", "t10k")):
         img = gzip.decompress((raw / f"{prefix}-images-idx3-ubyte.gz").read_bytes())
         lab = gzip.decompress((raw / f"{prefix}-labels-idx1-ubyte.gz").read_bytes())
-        out[split] = (np.frombuffer(img, np.uint8, offset=16).reshape(-1, 28, 28), np.frombuffer(lab, np.uint8, offset=8))
+        out[split] = (np.frombuffer(img, np.uint8, offset=16).reshape(-1, 28, 28),
+                      np.frombuffer(lab, np.uint8, offset=8))
     return out
 
 
@@ -274,3 +275,12 @@ def test_missing_and_corrupt_files_name_the_parameter_and_the_folder(tmp_path, t
     assert f"data_dir = {str(tmp_path / 'shapes')!r}" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(FileNotFoundError, match=r"data_dir = .*does not exist.*generate=True"):
         Shapes3D(str(nowhere), resolution=8).prepare_data()
+
+
+def test_a_generated_file_without_a_checksum_loads_with_a_warning(tmp_path):
+    dm = Shapes3D(str(tmp_path), generate=True, resolution=8, subsample=SUB3D, processes=1)
+    dm.prepare_data()
+    with h5py.File(dm.generated_path, "r+") as f:
+        del f.attrs["content_sha256"]  # as files generated before checksums
+    with pytest.warns(UserWarning, match="cannot be verified; delete it"):
+        Shapes3D(str(tmp_path), generate=True, resolution=8, subsample=SUB3D).setup("fit")
