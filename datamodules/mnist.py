@@ -52,38 +52,26 @@ gives ``n`` training samples for an EWC Fisher.
 deviation of all 60,000 training images (0.1307 and 0.3081 for the real MNIST), so that a
 first layer ``W x / sqrt(784)`` with ``W ~ N(0, 1)`` has pre-activations of order one.
 
-**Files.** ``torchvision.datasets.MNIST(root=data_dir)`` reads ``data_dir/MNIST/raw``. With the
-four original ``.gz`` files there it checks their md5 and only extracts them (no network); with
-the extracted ``*-ubyte`` files there it reads them directly (that is how unit tests pass tiny
-IDX files). Missing or corrupt files are a clear error before torchvision is called, so nothing
-waits on a download that cannot happen; ``download=True`` lets torchvision fetch the files.
+**Files** are read by :func:`datamodules.mnist_files.load_mnist` from ``data_dir/MNIST/raw``,
+which is never written: the four original ``.gz`` files (md5 checked) are extracted once into the
+cache folder (``$ZOO_CACHE`` or ``~/.cache/specialisation-zoo``; a log line names it), or the four
+extracted ``*-ubyte`` files there are read directly (that is how unit tests pass tiny IDX files).
+Missing or corrupt files are a clear error naming ``data_dir`` before training;
+``download=True`` fetches missing files into the cache instead.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
-import os
-from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.mnist_files import load_mnist
+
 N_DIGITS, PER_TASK = 10, 5
-# torchvision's own list of the original files and their md5 (checked here before calling it)
-_FILES = {
-    "train-images-idx3-ubyte": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-    "train-labels-idx1-ubyte": "d53e105ee54ea40749a09fcbcd1e9432",
-    "t10k-images-idx3-ubyte": "9fb629c4189551a2d022fa330f9573f3",
-    "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c",
-}
-_HOW_TO_GET = (
-    "Put the four original MNIST files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) in that folder: offline, copy them from the "
-    "project's shared data (`cp -r ../shared/data/MNIST <data_dir>/`; the shared folder is read-only, so "
-    "point data_dir at a writable copy); online, pass download=True to let torchvision fetch them.")
 
 
 def _seed(seed: int, *keys: int) -> int:
@@ -92,66 +80,6 @@ def _seed(seed: int, *keys: int) -> int:
     for k in keys:
         s = (s * 1_000_003 + 7919 * (int(k) + 11)) % (2**63 - 1)
     return s
-
-
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def load_mnist(data_dir: str | os.PathLike, download: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
-    """MNIST from ``data_dir/MNIST/raw`` via torchvision: ``{"train": (images, digits), "test": ...}``
-    with images (n, 28, 28) uint8 and digits (n,) int64.
-
-    Raises ``FileNotFoundError`` (naming the folder and how to get the files) if they are
-    missing, ``RuntimeError`` if they are corrupt, unreadable or the folder is read-only.
-    """
-    from torchvision.datasets import MNIST  # torchvision is imported only when data is read
-
-    root = Path(data_dir).expanduser()
-    raw = root / "MNIST" / "raw"
-    extracted = all((raw / f).is_file() for f in _FILES)
-    if not extracted:
-        # torchvision extracts all four .gz files (or downloads what is missing or fails its md5)
-        missing = [f + ".gz" for f in _FILES if not (raw / (f + ".gz")).is_file()]
-        if missing and not download:
-            raise FileNotFoundError(f"MNISTContinual: no MNIST files {missing} in {raw.resolve()} (looked for the "
-                                    f"original .gz files and for all four extracted *-ubyte files). {_HOW_TO_GET}")
-        if not download:
-            for f, md5 in _FILES.items():
-                got = _md5(raw / (f + ".gz"))
-                if got != md5:
-                    raise RuntimeError(
-                        f"MNISTContinual: {raw.resolve() / (f + '.gz')} is corrupt or not the original file "
-                        f"(md5 {got}, expected {md5}). Replace it with the original. {_HOW_TO_GET}")
-        writable = raw if raw.is_dir() else next((p for p in raw.parents if p.is_dir()), root)
-        if not os.access(writable, os.W_OK):
-            raise RuntimeError(
-                f"MNISTContinual: {writable.resolve()} is read-only, but torchvision writes the extracted files "
-                "into MNIST/raw; copy the MNIST folder to a writable place and point data_dir there "
-                "(e.g. `mkdir -p /tmp/mnist && cp -r ../shared/data/MNIST /tmp/mnist/` and data_dir: /tmp/mnist).")
-    out = {}
-    for split, train in (("train", True), ("test", False)):
-        try:
-            ds = MNIST(root=str(root), train=train, download=not extracted)
-        except Exception as e:  # torchvision's asserts, URLError, RuntimeError, OSError, ...
-            raise RuntimeError(
-                f"MNISTContinual: torchvision could not read MNIST from {raw.resolve()}: {type(e).__name__}: {e}. "
-                "If the extracted *-ubyte files there are truncated or corrupt, delete them (they are re-extracted "
-                f"from the .gz files). {_HOW_TO_GET}") from e
-        images, digits = ds.data, ds.targets.long()
-        if (images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or images.dtype != torch.uint8
-                or digits.shape != (images.shape[0],) or images.shape[0] == 0
-                or int(digits.min()) < 0 or int(digits.max()) >= N_DIGITS):
-            raise RuntimeError(
-                f"MNISTContinual: the {split} files in {raw.resolve()} do not hold MNIST: images "
-                f"{tuple(images.shape)} {images.dtype}, labels {tuple(digits.shape)} (expected (n, 28, 28) uint8 "
-                f"images and n labels in 0..9). {_HOW_TO_GET}")
-        out[split] = (images, digits)
-    return out
 
 
 class _Steps(Dataset):
@@ -171,7 +99,7 @@ class MNISTContinual(pl.LightningDataModule):
     """Two 5-digit MNIST classification tasks sharing ``k`` digits ([S] App. G).
 
     Args:
-        data_dir: the folder holding ``MNIST/raw`` (writable if only the ``.gz`` files are there).
+        data_dir: the folder holding ``MNIST/raw`` (only read; it may be read-only).
         shared: ``k``, how many of task 2's 5 digits are task 1's, in 0..5; a list gives one data
             set per value (see the module docstring). Required unless ``task_digits`` is given.
         task_digits: both tasks' digits in label order, ``[[5 digits], [5 digits]]``; default
@@ -191,7 +119,7 @@ class MNISTContinual(pl.LightningDataModule):
             (module docstring, "Input similarity"); 0, the default, is [S] App. G's construction.
         num_workers: DataLoader workers.
         normalise: standardise pixels with the training set's mean and std (else ``pixel/255``).
-        download: let torchvision download missing files (needs internet; default: an error).
+        download: download missing files into the cache (needs internet; default: an error).
     """
 
     n_tasks = 2
@@ -321,7 +249,7 @@ class MNISTContinual(pl.LightningDataModule):
 
     def _load(self) -> dict:
         if self._data is None:
-            splits = load_mnist(self.data_dir, self.download)
+            splits = load_mnist(self.data_dir, self.download, type(self).__name__)
             X, D = splits["train"]
             pix = X.double() / 255.0
             mean, std = (float(pix.mean()), float(pix.std())) if self.normalise else (0.0, 1.0)

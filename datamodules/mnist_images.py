@@ -2,8 +2,9 @@
 
 Batches are ``(x,)`` with ``x`` (B, 1, 28, 28) float32, ``x = pixel / 255`` in [0, 1] (what
 :class:`zoo.vae.BetaVAE`'s Bernoulli reconstruction expects); ``image_shape = (1, 28, 28)`` tells the
-VAE its input size before it builds. Files are read by :func:`datamodules.mnist.load_mnist` from
-``data_dir/MNIST/raw`` (offline; a missing or corrupt file is a clear error naming the folder).
+VAE its input size before it builds. Files are read by :func:`datamodules.mnist_files.load_mnist` from
+``data_dir/MNIST/raw`` (offline, never written: the ``.gz`` files are extracted into the cache; a
+missing or corrupt file is a clear error naming ``data_dir`` and the folder).
 The training order is a seeded shuffle, so a run is reproducible.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.mnist import load_mnist
+from datamodules.mnist_files import load_mnist
 
 SPLITS = ("train", "test")
 
@@ -29,7 +30,7 @@ class MNISTImages(pl.LightningDataModule):
     """MNIST digits as images in [0, 1] for an autoencoder ([S] App. H, phase 1).
 
     Args:
-        data_dir: the folder holding ``MNIST/raw`` (see :func:`datamodules.mnist.load_mnist`).
+        data_dir: the folder holding ``MNIST/raw`` (see :func:`datamodules.mnist_files.load_mnist`).
         split: ``"train"`` (60,000 images, what [S] App. H trains and measures on) or ``"test"``.
         num_samples: use only the first ``num_samples`` images of the split (file order); default all.
         batch_size: images per step.
@@ -69,7 +70,7 @@ class MNISTImages(pl.LightningDataModule):
 
     def _load(self) -> Tensor:
         if self._images is None:
-            images, digits = load_mnist(self.data_dir)[self.split]
+            images, digits = load_mnist(self.data_dir, who=type(self).__name__)[self.split]
             if self.num_samples is not None:
                 images, digits = images[: self.num_samples], digits[: self.num_samples]
             self._images = images.unsqueeze(1).float().div_(255.0)  # (N, 1, 28, 28) in [0, 1]

@@ -24,11 +24,17 @@ held-out points), reshuffled each epoch from ``seed``.
   fastest). From https://github.com/deepmind/dsprites-dataset.
 
 Without the real file, ``generate=True`` renders a look-alike with the same layout and factor
-values (datamodules/shapes_render.py) into ``data_dir``, named after its generator, version,
-resolution and kept levels (``3dshapes-like_v1_64px_10x10x10x8x4x15.h5``, ...), written to a
-temporary name and renamed when complete, so an interrupted run leaves no half file under the
-cached name. Only the requested levels and resolution are rendered, so a CPU run with
-``resolution=32, subsample=2`` costs 1/4 x 1/48 of the full set. The loader is the same for both
+values (datamodules/shapes_render.py) into ``data_dir`` (or, if ``data_dir`` is read-only, into
+the cache folder ``$ZOO_CACHE`` / ``~/.cache/specialisation-zoo``, said in a log line and used
+next time), named after its generator, version, resolution and kept levels
+(``3dshapes-like_v1_64px_10x10x10x8x4x15.h5``, ...), written to a temporary
+``<name>.part<pid>-...`` and renamed when complete (datamodules/files.py), so an interrupted run
+leaves no half file under the cached name; parts of dead generators are removed by the next
+``prepare_data``. A generated file stores a sha256 of its arrays (``content_sha256``, an h5
+attribute or npz member), checked when it is first read (swapped or damaged chunks are an
+error) and not again while its size, mtime and inode stay the same. Only the requested levels
+and resolution are rendered, so a CPU run with ``resolution=32, subsample=2`` costs 1/4 x 1/48
+of the full set. The loader is the same for both
 kinds of file; it checks shapes, dtypes, and that the labels form the factor grid in order.
 A real file at a lower ``resolution`` is area-averaged (the side must divide the file's).
 Images are held in memory as uint8 (C, H, W): the full 3dshapes at 64 px takes 5.9 GB, at 32 px
@@ -44,12 +50,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 from datamodules import shapes_render as render
+from datamodules.files import (ArrayHash, DataFileError, atomic_path, block_digests, cache_dir, checksum_block,
+                               checksum_of, content_checksum, is_verified, mark_verified, remove_stale_parts,
+                               writable_or_missing)
+
+CHECKSUM_KEY = "content_sha256"
+"""Where a generated file stores the checksum of its arrays (an h5 attribute, an npz member)."""
 
 # subsample: None (the full grid); an int s (every s-th level of every factor: levels 0, s, 2s,
 # ...); or a dict {factor name: stride (int) or list of level indices of the full grid}.
@@ -146,10 +159,14 @@ def _set_weights(weights: np.ndarray | None) -> None:
     _WEIGHTS = weights
 
 
-def _shapes3d_chunk(floor_hue: float, wall_hue: float, object_hues: list[float], rows: int) -> list[bytes]:
+def _shapes3d_chunk(floor_hue: float, wall_hue: float, object_hues: list[float],
+                    rows: int) -> list[tuple[bytes, bytes]]:
+    """One (floor hue, wall hue) block: its HDF5 chunks, deflated, each with the sha256 of its
+    images (hashed here, in the worker, so the parent never decompresses to checksum the file)."""
     obj = np.stack([render.hue_rgb(h) for h in object_hues])
     images = render.colourise(_WEIGHTS, render.hue_rgb(floor_hue), render.hue_rgb(wall_hue), obj)
-    return render.deflate_chunks(images.reshape(-1, *images.shape[2:]), rows)
+    images = images.reshape(-1, *images.shape[2:])
+    return list(zip(render.deflate_chunks(images, rows), block_digests(images, rows)))
 
 
 def geometry_weights(scales: list[float], shapes: list[float], orientations: list[float], resolution: int,
@@ -179,9 +196,11 @@ def generate_shapes3d(path: str | os.PathLike, resolution: int = 64, subsample: 
     # HDF5 chunks of (shape x orientation) images (60 at 64 px: 720 KB), which tile every block
     rows = len(vals[4]) * len(vals[5])
     labels = np.array(np.meshgrid(*vals, indexing="ij"), dtype=np.float64).reshape(6, -1).T
+    image_hash = ArrayHash("images", np.uint8, (labels.shape[0], resolution, resolution, 3), rows)
+    label_hash = ArrayHash("labels", labels.dtype, labels.shape, rows)
+    label_hash.update(labels)
     path = Path(path)
-    tmp = path.with_name(path.name + f".part{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
             f.attrs["generator"] = (f"{SHAPES3D.name} v{render.RENDER_VERSION}: not DeepMind's 3dshapes; "
                                     "datamodules/shapes_render.py")
@@ -198,8 +217,9 @@ def generate_shapes3d(path: str | os.PathLike, resolution: int = 64, subsample: 
                 # blocks come back in order (imap holds only a few at a time); the parent only writes
                 blocks = map(_star_shapes3d_chunk, jobs) if pool is None else pool.imap(_star_shapes3d_chunk, jobs)
                 for chunks in blocks:
-                    for b in chunks:
+                    for b, digest in chunks:
                         dset.id.write_direct_chunk((start, 0, 0, 0), b)
+                        image_hash.update_digest(digest, min(rows, labels.shape[0] - start))
                         start += rows
             finally:
                 if pool is not None:
@@ -207,9 +227,7 @@ def generate_shapes3d(path: str | os.PathLike, resolution: int = 64, subsample: 
                     pool.join()
                 _set_weights(None)
             assert start == labels.shape[0] == n_obj * G * len(vals[0]) * len(vals[1])
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+            f.attrs[CHECKSUM_KEY] = content_checksum([image_hash, label_hash])
     return path
 
 
@@ -231,15 +249,13 @@ def generate_dsprites(path: str | os.PathLike, resolution: int = 64, subsample: 
     # the real file's six columns: colour (one level, 1.0) first
     classes = np.array(np.meshgrid([0], *kept, indexing="ij")).reshape(6, -1).T.astype(np.int64)
     values = np.array(np.meshgrid([1.0], *vals, indexing="ij"), dtype=np.float64).reshape(6, -1).T
+    arrays = {"imgs": imgs, "latents_classes": classes, "latents_values": values}
     path = Path(path)
-    tmp = path.with_name(path.name + f".part{os.getpid()}.npz")
-    try:
-        np.savez_compressed(tmp, imgs=imgs, latents_classes=classes, latents_values=values,
+    # a file object: np.savez would append ".npz" to a part name
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays, **{CHECKSUM_KEY: np.array(checksum_of(arrays))},
                             generator=np.array(f"{DSPRITES.name} v{render.RENDER_VERSION}: not DeepMind's dSprites; "
                                                f"resolution {resolution}, kept levels {kept}"))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -269,9 +285,9 @@ def _levels_of(spec: _Spec, labels: np.ndarray, path: Path) -> np.ndarray:
         bad = np.abs(labels[:, k] - v[idx]) > tol
         if bad.any():
             value = float(labels[bad.argmax(), k])
-            raise RuntimeError(f"{path}: factor {spec.factor_names[k]!r} holds value {value!r}, "
-                               f"which is not one of its levels {np.round(v, 4).tolist()}: not a {spec.real_file} "
-                               "layout, or a corrupt file")
+            raise DataFileError(f"{path}: factor {spec.factor_names[k]!r} holds value {value!r}, "
+                                f"which is not one of its levels {np.round(v, 4).tolist()}: not a {spec.real_file} "
+                                "layout, or a corrupt file")
         out[:, k] = idx
     return out
 
@@ -283,15 +299,15 @@ def _grid_rows(spec: _Spec, levels: np.ndarray, kept: list[list[int]], path: Pat
     rank = [np.searchsorted(p, levels[:, k]) for k, p in enumerate(present)]
     flat = np.ravel_multi_index(rank, sizes)
     if levels.shape[0] != math.prod(sizes) or not np.array_equal(flat, np.arange(levels.shape[0])):
-        raise RuntimeError(f"{path}: the labels are not the full factor grid in order (first factor slowest): "
-                           f"{levels.shape[0]} rows, levels per factor {sizes}; corrupt or not a "
-                           f"{spec.real_file} layout")
+        raise DataFileError(f"{path}: the labels are not the full factor grid in order (first factor slowest): "
+                            f"{levels.shape[0]} rows, levels per factor {sizes}; corrupt or not a "
+                            f"{spec.real_file} layout")
     for k, (p, want) in enumerate(zip(present, kept)):
         missing = sorted(set(want) - set(p.tolist()))
         if missing:
-            raise RuntimeError(f"{path} lacks levels {missing} of factor {spec.factor_names[k]!r} (it holds "
-                               f"{p.tolist()}): generated with another subsample; ask for a subsample within it, "
-                               "or point data_dir elsewhere to generate this one")
+            raise DataFileError(f"{path} lacks levels {missing} of factor {spec.factor_names[k]!r} (it holds "
+                                f"{p.tolist()}): generated with another subsample; ask for a subsample within it, "
+                                "or point data_dir elsewhere to generate this one")
     mask = np.ones(levels.shape[0], bool)
     for k, want in enumerate(kept):
         mask &= np.isin(levels[:, k], want)
@@ -319,32 +335,69 @@ def read_shapes3d(path: Path, kept: list[list[int]], resolution: int) -> np.ndar
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise RuntimeError(f"{path} is not a readable HDF5 file ({e}); corrupt or truncated? Delete it and "
-                           "get it again (or generate it again)") from e
+        raise DataFileError(f"{path} is not a readable HDF5 file ({e}); corrupt or truncated? Delete it and "
+                            "get it again (or generate it again)") from e
     with f:
         if "images" not in f or "labels" not in f:
-            raise RuntimeError(f"{path}: expected datasets 'images' and 'labels', found {sorted(f.keys())}")
+            raise DataFileError(f"{path}: expected datasets 'images' and 'labels', found {sorted(f.keys())}")
         im, lab = f["images"], f["labels"]
         n = im.shape[0]
         if (im.ndim != 4 or im.shape[3] != 3 or im.shape[1] != im.shape[2] or im.dtype != np.uint8
                 or lab.shape != (n, 6) or lab.dtype.kind != "f"):
-            raise RuntimeError(f"{path}: images {im.shape} {im.dtype}, labels {lab.shape} {lab.dtype}; expected "
-                               "images (n, H, H, 3) uint8 and labels (n, 6) float (3dshapes: (480000, 64, 64, 3))")
+            raise DataFileError(f"{path}: images {im.shape} {im.dtype}, labels {lab.shape} {lab.dtype}; expected "
+                                "images (n, H, H, 3) uint8 and labels (n, 6) float (3dshapes: (480000, 64, 64, 3))")
         _check_side(im.shape[1], resolution, path)
-        rows = _grid_rows(SHAPES3D, _levels_of(SHAPES3D, lab[:], path), kept, path)
+        labels = lab[:]
+        rows = _grid_rows(SHAPES3D, _levels_of(SHAPES3D, labels, path), kept, path)
+        checksum = _stored_checksum(path, f.attrs.get(CHECKSUM_KEY), "generator" in f.attrs)
+        hashes = None
+        if checksum is not None:  # every block is read, for the hash
+            cb = checksum_block(checksum)
+            hashes = [ArrayHash("images", im.dtype, im.shape, cb), ArrayHash("labels", labels.dtype, labels.shape, cb)]
+            hashes[1].update(labels)
         out = np.empty((rows.size, 3, resolution, resolution), np.uint8)
         block = max(1, (1 << 26) // (im.shape[1] ** 2 * 3))  # ~64 MB of the file at a time
+        if hashes is not None:
+            block = max(cb, block // cb * cb)  # whole hash blocks
         done = 0
         try:
             for a in range(0, n, block):
                 sel = rows[(rows >= a) & (rows < a + block)]
-                if sel.size:
-                    out[done:done + sel.size] = _to_resolution(im[a:min(n, a + block)][sel - a], resolution)
-                    done += sel.size
+                if sel.size or hashes is not None:
+                    part = im[a:min(n, a + block)]
+                    if hashes is not None:
+                        hashes[0].update(part)
+                    if sel.size:
+                        out[done:done + sel.size] = _to_resolution(part[sel - a], resolution)
+                        done += sel.size
         except OSError as e:  # truncated or corrupt chunks surface when read
-            raise RuntimeError(f"{path}: reading images failed ({e}); corrupt or truncated? Delete it and get "
-                               "it again (or generate it again)") from e
+            raise DataFileError(f"{path}: reading images failed ({e}); corrupt or truncated. Delete it and get "
+                                "it again (or generate it again)") from e
+    if hashes is not None:
+        _check_content(path, checksum, content_checksum(hashes))
     return out
+
+
+def _stored_checksum(path: Path, stored: object, generated: bool) -> str | None:
+    """The checksum to verify ``path`` against: None for a real file (it has none), or for a file
+    already verified as it is now."""
+    if stored is None:
+        if generated:
+            rank_zero_warn(f"{path} was generated before files carried a checksum of their content, so it cannot "
+                           "be verified; delete it to have it generated again with one")
+        return None
+    checksum = stored.item() if isinstance(stored, np.ndarray) else stored
+    checksum = checksum.decode() if isinstance(checksum, bytes) else str(checksum)
+    checksum_block(checksum)  # well-formed
+    return None if is_verified(path, checksum) else checksum
+
+
+def _check_content(path: Path, stored: str, computed: str) -> None:
+    if computed != stored:
+        raise DataFileError(f"{path}: its content does not match the checksum stored when it was generated "
+                            f"({stored}, now {computed}): the file was corrupted or modified. Delete it; "
+                            "generate=True renders it again")
+    mark_verified(path, stored)
 
 
 def read_dsprites(path: Path, kept: list[list[int]], resolution: int) -> np.ndarray:
@@ -355,24 +408,29 @@ def read_dsprites(path: Path, kept: list[list[int]], resolution: int) -> np.ndar
         with np.load(path, allow_pickle=False) as z:
             missing = {"imgs", "latents_classes", "latents_values"} - set(z.files)
             if missing:
-                raise RuntimeError(f"{path}: missing arrays {sorted(missing)} (found {z.files}); not a dSprites "
-                                   "layout")
+                raise DataFileError(f"{path}: missing arrays {sorted(missing)} (found {z.files}); not a dSprites "
+                                    "layout")
             imgs, classes, values = z["imgs"], z["latents_classes"], z["latents_values"]
+            checksum = _stored_checksum(path, z[CHECKSUM_KEY] if CHECKSUM_KEY in z.files else None,
+                                        "generator" in z.files)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise RuntimeError(f"{path} is not a readable npz file ({e}); corrupt or truncated? Delete it and get "
-                           "it again (or generate it again)") from e
+        raise DataFileError(f"{path} is not a readable npz file ({e}); corrupt or truncated? Delete it and get "
+                            "it again (or generate it again)") from e
     n = imgs.shape[0]
     if (imgs.ndim != 3 or imgs.shape[1] != imgs.shape[2] or imgs.dtype != np.uint8 or classes.shape != (n, 6)
             or classes.dtype.kind not in "iu" or values.shape != (n, 6) or values.dtype.kind != "f"):
-        raise RuntimeError(f"{path}: imgs {imgs.shape} {imgs.dtype}, latents_classes {classes.shape} "
-                           f"{classes.dtype}, latents_values {values.shape} {values.dtype}; expected (n, H, H) uint8, "
-                           "(n, 6) int, (n, 6) float (dSprites: (737280, 64, 64))")
+        raise DataFileError(f"{path}: imgs {imgs.shape} {imgs.dtype}, latents_classes {classes.shape} "
+                            f"{classes.dtype}, latents_values {values.shape} {values.dtype}; expected (n, H, H) uint8, "
+                            "(n, 6) int, (n, 6) float (dSprites: (737280, 64, 64))")
+    if checksum is not None:
+        arrays = {"imgs": imgs, "latents_classes": classes, "latents_values": values}
+        _check_content(path, checksum, checksum_of(arrays, checksum_block(checksum)))
     if imgs.max(initial=0) > 1:
-        raise RuntimeError(f"{path}: imgs holds values up to {imgs.max()}; dSprites images are 0/1")
+        raise DataFileError(f"{path}: imgs holds values up to {imgs.max()}; dSprites images are 0/1")
     _check_side(imgs.shape[1], resolution, path)
     levels = _levels_of(DSPRITES, values[:, 1:], path)  # column 0 is the constant colour
     if not np.array_equal(levels, classes[:, 1:]):
-        raise RuntimeError(f"{path}: latents_classes disagree with latents_values; corrupt file")
+        raise DataFileError(f"{path}: latents_classes disagree with latents_values; corrupt file")
     rows = _grid_rows(DSPRITES, levels, kept, path)
     return _to_resolution(imgs[rows, :, :, None] * np.uint8(255), resolution)
 
@@ -431,9 +489,19 @@ class _FactorImages(pl.LightningDataModule):
 
     # -- which file ---------------------------------------------------------------------------------------
     @property
+    def _where(self) -> str:
+        """The parameter that says where the file is, for error messages."""
+        return f"path = {self.path!r}" if self.path is not None else f"data_dir = {self.data_dir!r}"
+
+    @property
     def generated_path(self) -> Path:
-        """Where the generated file for these arguments is cached."""
-        return Path(self.data_dir).expanduser() / generated_name(self.spec, self.resolution, self.kept)
+        """Where the generated file for these arguments is, or will be written: ``data_dir``, or,
+        when ``data_dir`` is read-only (and the file not already there), the cache folder."""
+        name = generated_name(self.spec, self.resolution, self.kept)
+        here = Path(self.data_dir).expanduser() / name
+        if here.is_file() or writable_or_missing(here.parent):
+            return here
+        return cache_dir("generated") / name
 
     def file(self) -> tuple[Path, bool]:
         """The file to read and whether it is (to be) generated: ``path``; else ``data_dir``'s real
@@ -451,17 +519,33 @@ class _FactorImages(pl.LightningDataModule):
             return real, False
         if self.generate:
             return self.generated_path, True
+        absent = "" if real.parent.is_dir() else "; that folder does not exist"
         raise FileNotFoundError(
-            f"{who}: no {self.spec.real_file} in {real.parent.resolve()} (looked for {real.resolve()}). Get it from "
-            f"{self.spec.url} and put it there (or pass path=...), or pass generate=True to render a "
-            f"{self.spec.name} file (the same factor grid and layout; not the original images) into data_dir as "
-            f"{self.generated_path.name}.")
+            f"{who}: {self._where}: no {self.spec.real_file} in {real.parent.resolve()} (looked for {real.resolve()}"
+            f"{absent}). Get it from {self.spec.url} and put it there (or pass path=...), or pass generate=True to "
+            f"render a {self.spec.name} file (the same factor grid and layout; not the original images) into "
+            f"data_dir (or the cache, if data_dir is read-only) as "
+            f"{generated_name(self.spec, self.resolution, self.kept)}.")
 
     def prepare_data(self) -> None:
         p, generated = self.file()
-        if generated and not p.is_file():
-            p.parent.mkdir(parents=True, exist_ok=True)
-            self._generate(p)
+        if not generated:
+            return
+        who, data_dir = type(self).__name__, Path(self.data_dir).expanduser()
+        # parts left by killed generators, where this one writes (never in a read-only data_dir)
+        for folder in {p.parent, *([data_dir] if writable_or_missing(data_dir) else [])}:
+            for stale in remove_stale_parts(folder, prefix=self.spec.name):
+                rank_zero_info(f"{who}: removed {stale}, left by a generator that died")
+        in_cache = p.parent != data_dir
+        if p.is_file():
+            if in_cache:
+                rank_zero_info(f"{who}: using {p} from the cache ({self._where} is read-only)")
+            return
+        if in_cache:
+            rank_zero_info(f"{who}: {self._where} is read-only: generating {p.name} into the cache {p.parent} "
+                           "(ZOO_CACHE chooses it); later runs use it from there")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self._generate(p)
 
     def _generate(self, path: Path) -> None:
         raise NotImplementedError
@@ -472,13 +556,18 @@ class _FactorImages(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self._images is not None:
             return
+        who = type(self).__name__
         p, generated = self.file()
         if generated and not p.is_file():
-            raise FileNotFoundError(f"{type(self).__name__}: {p} is not there yet; call prepare_data() first "
+            raise FileNotFoundError(f"{who}: {self._where}: {p} is not there yet; call prepare_data() first "
                                     "(the Trainer does)")
-        images = self._read(p)
+        try:
+            images = self._read(p)
+        except DataFileError as e:
+            raise DataFileError(f"{who}: {self._where}: {e}") from e
         if images.shape != (self.num_points, *self.image_shape):
-            raise RuntimeError(f"{p}: read {images.shape}, expected {(self.num_points, *self.image_shape)}")
+            raise DataFileError(f"{who}: {self._where}: {p}: read {images.shape}, expected "
+                                f"{(self.num_points, *self.image_shape)}")
         self._images = torch.from_numpy(images)
 
     @property
@@ -542,7 +631,8 @@ class Shapes3D(_FactorImages):
     images 64x64x3. Batches ``(x (B, 3, H, W) float32 in [0, 1], factors (B, 6) int64)``.
 
     Args:
-        data_dir: folder searched for ``3dshapes.h5`` and where generated files are cached.
+        data_dir: folder searched for ``3dshapes.h5`` and where generated files are cached (only
+            read if it is read-only: generated files then go to the cache folder).
         path: the real ``3dshapes.h5`` elsewhere (then it must exist).
         generate: without a real file, generate (or reuse the cached) "3dshapes-like" file.
         resolution: image side: 64, or a divisor of it for the real file (area-averaged); the

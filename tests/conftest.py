@@ -8,6 +8,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _zoo_cache(tmp_path_factory):
+    """Tests never write into the user's cache folder (~/.cache/specialisation-zoo): extracted
+    MNIST, generated files and verification markers go to one temporary cache per session."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ZOO_CACHE", str(tmp_path_factory.mktemp("zoo-cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture
 def one_thread():
     """Pins torch to one thread for tests of tiny networks: they gain nothing from threads, and on

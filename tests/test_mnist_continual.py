@@ -280,11 +280,13 @@ def test_trains_a_multi_head_classifier_with_ewc(tiny):
 
 
 @pytest.mark.skipif(SHARED_RAW is None, reason="the real MNIST files (../shared/data/MNIST/raw) are not here")
-def test_real_mnist_from_a_copy_of_the_shared_gz_files(tmp_path):
+def test_real_mnist_from_a_copy_of_the_shared_gz_files(tmp_path, monkeypatch):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
     for f in SHARED_RAW.glob("*.gz"):
-        shutil.copyfile(f, raw / f.name)  # only the .gz: torchvision verifies their md5 and extracts
+        shutil.copyfile(f, raw / f.name)  # only the .gz: their md5 is verified and they are extracted
+    raw.chmod(0o555)  # read-only, as CI's shared folder (root could still write: the loader must not)
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
     dm = MNISTContinual(str(tmp_path), shared=2, seed=0)
     dm.setup("fit")
     X, D = dm.raw(train=True)
@@ -301,7 +303,8 @@ def test_real_mnist_from_a_copy_of_the_shared_gz_files(tmp_path):
     # the training set's pixel statistics (the usual MNIST normalisation constants)
     mean, std = dm.pixel_stats
     assert mean == pytest.approx(0.1307, abs=1e-4) and std == pytest.approx(0.3081, abs=1e-4)
-    assert (raw / "train-images-idx3-ubyte").is_file()  # extracted next to the .gz files
+    assert sorted(p.name for p in raw.iterdir()) == sorted(p.name for p in SHARED_RAW.glob("*.gz"))
+    assert len(list((tmp_path / "cache" / "MNIST").glob("*/train-images-idx3-ubyte"))) == 1  # extracted there
 
 
 @pytest.mark.parametrize("f", [0.5, 1.0])
