@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.mnist import load_mnist
+from datamodules.resumable import ResumableBatches, ResumableLoader
 
 SPLITS = ("train", "test")
 
@@ -88,9 +89,11 @@ class MNISTImages(pl.LightningDataModule):
         return self._digits
 
     def train_dataloader(self) -> DataLoader:
+        # the batches of DataLoader(shuffle=True, generator=g), resumable mid-epoch (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(TensorDataset(self._load()), batch_size=self.batch_size, shuffle=True, generator=g,
-                          num_workers=self.num_workers)
+        data = TensorDataset(self._load())
+        return ResumableLoader(data, batch_sampler=ResumableBatches(len(data), self.batch_size, g), generator=g,
+                               num_workers=self.num_workers)
 
     def samples(self, n: int) -> Tensor:
         """``n`` images drawn without replacement from their own seed (a fixed evaluation set)."""

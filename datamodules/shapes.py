@@ -47,9 +47,10 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from datamodules import shapes_render as render
+from datamodules.resumable import ResumableBatches, ResumableLoader
 
 # subsample: None (the full grid); an int s (every s-th level of every factor: levels 0, s, 2s,
 # ...); or a dict {factor name: stride (int) or list of level indices of the full grid}.
@@ -522,11 +523,11 @@ class _FactorImages(pl.LightningDataModule):
 
     # -- loaders ------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
+        # resumable: a mid-epoch checkpoint continues this epoch's permutation (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed + 2)
-        sampler = BatchSampler(RandomSampler(range(self._train_index.numel()), generator=g), self.batch_size,
-                               drop_last=False)
-        return DataLoader(_Batches(self, self._train_index), sampler=sampler, batch_size=None,
-                          num_workers=self.num_workers)
+        sampler = ResumableBatches(self._train_index.numel(), self.batch_size, g)
+        return ResumableLoader(_Batches(self, self._train_index), sampler=sampler, batch_size=None,
+                               num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_size == 0:
