@@ -14,7 +14,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.mnist import load_mnist
-from datamodules.resumable import ResumableBatches, ResumableLoader
 
 SPLITS = ("train", "test")
 
@@ -89,6 +88,8 @@ class MNISTImages(pl.LightningDataModule):
         return self._digits
 
     def train_dataloader(self) -> DataLoader:
+        from datamodules.resumable import ResumableBatches, ResumableLoader
+
         # the batches of DataLoader(shuffle=True, generator=g), resumable mid-epoch (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed)
         data = TensorDataset(self._load())

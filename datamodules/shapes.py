@@ -50,7 +50,6 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from datamodules import shapes_render as render
-from datamodules.resumable import ResumableBatches, ResumableLoader
 
 # subsample: None (the full grid); an int s (every s-th level of every factor: levels 0, s, 2s,
 # ...); or a dict {factor name: stride (int) or list of level indices of the full grid}.
@@ -523,6 +522,8 @@ class _FactorImages(pl.LightningDataModule):
 
     # -- loaders ------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
+        from datamodules.resumable import ResumableBatches, ResumableLoader
+
         # resumable: a mid-epoch checkpoint continues this epoch's permutation (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed + 2)
         sampler = ResumableBatches(self._train_index.numel(), self.batch_size, g)
