@@ -20,6 +20,7 @@ from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_kill
 from tests.test_mnist_continual import SHARED_RAW
 
 RECIPES = REPO / "recipes" / "specialisation"
+slow = pytest.mark.slow
 needs_mnist = pytest.mark.skipif(SHARED_RAW is None, reason="the real MNIST files (../shared/data/MNIST/raw) are not here")
 
 
@@ -87,6 +88,7 @@ def test_beta_vae_sweep_stop_by_max_steps_then_resume(fig4, tmp_path, one_thread
     _stop_then_resume(fig4, tmp_path, stop=19, total=FIG4_STEPS)  # mid-way through the second epoch
 
 
+@slow
 def test_beta_vae_sweep_kill_then_resume(fig4, tmp_path, one_thread, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     _kill_then_resume(fig4, tmp_path, total=FIG4_STEPS)
@@ -112,6 +114,7 @@ def test_beta_vae_stop_by_max_steps_then_resume(fig13_vae, tmp_path, one_thread)
         assert torch.equal(own["state_dict"][k], v)
 
 
+@slow
 @needs_mnist
 def test_beta_vae_kill_then_resume(fig13_vae, tmp_path, one_thread, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -151,3 +154,57 @@ def test_sparse_autoencoder_stop_by_max_steps_then_resume(fig13_isae, tmp_path, 
 def test_sparse_autoencoder_kill_then_resume(fig13_isae, tmp_path, one_thread, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     _dropped(_kill_then_resume(fig13_isae, tmp_path, total=ISAE_STEPS))
+
+
+# -- the loaders alone ---------------------------------------------------------------------------------
+def _loader(kind: str, n: int = 50, batch_size: int = 8):
+    from torch.utils.data import Dataset, TensorDataset
+
+    from datamodules.resumable import ResumableBatches, ResumableLoader
+
+    g = torch.Generator().manual_seed(3)
+    if kind == "items":  # as MNISTImages / Latents: one index per item, the loader's generator is the shuffle's
+        data = TensorDataset(torch.arange(n))
+        return ResumableLoader(data, batch_sampler=ResumableBatches(n, batch_size, g), generator=g)
+
+    class Whole(Dataset):  # as Shapes3D / DSprites: the dataset takes a batch's index list
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            return (torch.as_tensor(i),)
+
+    return ResumableLoader(Whole(), sampler=ResumableBatches(n, batch_size, g), batch_size=None)
+
+
+def _batches(loader, epochs: int) -> list[list[int]]:
+    return [b[0].tolist() for _ in range(epochs) for b in loader]
+
+
+@pytest.mark.parametrize("kind", ["items", "batches"])
+@pytest.mark.parametrize("stop", [0, 3, 7, 9, 14, 21])  # 7 batches an epoch (the last of 2): 7, 14, 21 = epoch ends
+def test_loader_state_continues_the_uninterrupted_sequence(kind, stop):
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    n_epochs = 4
+    expected = _batches(_loader(kind), n_epochs)
+    plain = DataLoader(torch.arange(50), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
+    if kind == "items":  # the same batches as the loaders it replaced
+        assert expected == [b.tolist() for _ in range(n_epochs) for b in plain]
+    else:
+        old = BatchSampler(RandomSampler(range(50), generator=torch.Generator().manual_seed(3)), 8, drop_last=False)
+        assert expected == [list(b) for _ in range(n_epochs) for b in old]
+    first, seen, epoch = _loader(kind), [], iter([])
+    while len(seen) < stop:  # as Lightning iterates: a new iterator per epoch, stopped after `stop` batches
+        batch = next(epoch, None)
+        if batch is None:
+            epoch = iter(first)
+            continue
+        seen.append(batch[0].tolist())
+    state = first.state_dict()
+    resumed = _loader(kind)
+    resumed.load_state_dict(state)
+    rest = [b[0].tolist() for b in resumed]  # the rest of the epoch it stopped in (a whole one at an epoch end)
+    rest += _batches(resumed, n_epochs - 1 - stop // 7)
+    assert seen + rest == expected
+    assert len(rest) == 7 * n_epochs - stop
