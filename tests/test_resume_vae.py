@@ -94,6 +94,22 @@ def test_beta_vae_sweep_kill_then_resume(fig4, tmp_path, one_thread, monkeypatch
     _kill_then_resume(fig4, tmp_path, total=FIG4_STEPS)
 
 
+def test_a_checkpoint_without_the_noise_state_is_refused(fig4, tmp_path, one_thread):
+    """A VAE checkpoint saved before the noise had its own generator cannot resume exactly: the
+    resumed run stops before its first batch, with a message, rather than train another run."""
+    from zoo.vae import NOISE_KEY
+
+    args, _ = fig4
+    fit(tmp_path, *args, "--trainer.max_steps=5")
+    ckpt = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del state[NOISE_KEY]
+    torch.save(state, ckpt)
+    with pytest.raises(RuntimeError, match="no state of the reparameterisation noise"):
+        fit(tmp_path, *args, "--ckpt_path", "last")
+    assert checkpoint_step(ckpt) == 5  # nothing trained, nothing saved
+
+
 # -- BetaVAE on MNIST images (the recipe keeps its own ModelCheckpoint and adds the RunCheckpoint) ------
 # 256 images, batches of 32: 8 batches an epoch, 2 epochs
 @pytest.fixture(scope="module")
