@@ -27,8 +27,9 @@ reconstruction.
 **Reparameterisation noise** comes from a generator of the model's own, on the CPU, not from
 torch's global one: Lightning does not save the global generator in checkpoints, so a resumed
 run would draw other noise. At the start of training the generator takes the global
-generator's state (``seed_everything`` still chooses the noise, and a run draws the noise it
-drew before the generator was its own); its state is saved in every checkpoint and restored on
+generator's state, so ``seed_everything`` still chooses the noise (and where nothing else drew
+from the global generator during training, as with the MNIST loaders, a run draws the noise it
+drew when the noise came from there); its state is saved in every checkpoint and restored on
 resume. A sweep's members share one generator and draw in turn, as they drew from the global one.
 
 **Active latents**: a latent is active when the variance of its posterior mean across the batch
