@@ -17,7 +17,8 @@ uninterrupted run. Between epochs (all batches served) the state is the generato
 state, from which the next epoch's permutation is drawn.
 
 Batches are counted where the loader hands them out, so worker prefetching does not count.
-Lightning does not prefetch a loader whose length it knows (these have one).
+Lightning does not prefetch a loader whose length it knows (these have one). These are
+single-process loaders: under DDP Lightning cannot put its DistributedSampler into them.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class ResumableBatches(Sampler[list[int]]):
 
     def __init__(self, n: int, batch_size: int, generator: torch.Generator) -> None:
         self.generator = generator
-        self.sampler = RandomSampler(range(n), generator=generator)  # Lightning reads it to see the shuffle
+        self.sampler = RandomSampler(range(n), generator=generator)  # named as BatchSampler names it
         self.batch_size = batch_size
         self._batches = BatchSampler(self.sampler, batch_size, drop_last=False)
         self.skip = 0
@@ -61,7 +62,7 @@ class ResumableLoader(DataLoader):
         raise TypeError(f"{type(self).__name__} needs a ResumableBatches as its sampler or batch_sampler; "
                         f"got sampler {type(self.sampler).__name__}, batch_sampler {type(self.batch_sampler).__name__}")
 
-    def __iter__(self):
+    def __iter__(self) -> "_Counted":
         batches = self._resumable()
         self._epoch_start = batches.generator.get_state()
         self._served = batches.skip
