@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.mnist_images import MNISTImages, _positive
+from datamodules.resumable import ResumableBatches, ResumableLoader
 from zoo.vae import BetaVAE
 
 ENCODE_CHUNK = 2048
@@ -116,9 +117,11 @@ class Latents(pl.LightningDataModule):
         return int(self._load().shape[1])
 
     def train_dataloader(self) -> DataLoader:
+        # the batches of DataLoader(shuffle=True, generator=g), resumable mid-epoch (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(TensorDataset(self._load()), batch_size=self.batch_size, shuffle=True, generator=g,
-                          num_workers=self.num_workers)
+        data = TensorDataset(self._load())
+        return ResumableLoader(data, batch_sampler=ResumableBatches(len(data), self.batch_size, g), generator=g,
+                               num_workers=self.num_workers)
 
     def samples(self, n: int | None = None) -> Tensor:
         """A fixed evaluation set: ``n`` codes drawn without replacement from their own seed, or all

@@ -89,9 +89,13 @@ class MNISTImages(pl.LightningDataModule):
         return self._digits
 
     def train_dataloader(self) -> DataLoader:
+        from datamodules.resumable import ResumableBatches, ResumableLoader
+
+        # the batches of DataLoader(shuffle=True, generator=g), resumable mid-epoch (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(TensorDataset(self._load()), batch_size=self.batch_size, shuffle=True, generator=g,
-                          num_workers=self.num_workers)
+        data = TensorDataset(self._load())
+        return ResumableLoader(data, batch_sampler=ResumableBatches(len(data), self.batch_size, g), generator=g,
+                               num_workers=self.num_workers)
 
     def samples(self, n: int) -> Tensor:
         """``n`` images drawn without replacement from their own seed (a fixed evaluation set)."""

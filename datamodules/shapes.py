@@ -54,7 +54,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from datamodules import shapes_render as render
 from datamodules.files import (ArrayHash, DataFileError, atomic_path, block_digests, cache_dir, checksum_block,
@@ -611,11 +611,13 @@ class _FactorImages(pl.LightningDataModule):
 
     # -- loaders ------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
+        from datamodules.resumable import ResumableBatches, ResumableLoader
+
+        # resumable: a mid-epoch checkpoint continues this epoch's permutation (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed + 2)
-        sampler = BatchSampler(RandomSampler(range(self._train_index.numel()), generator=g), self.batch_size,
-                               drop_last=False)
-        return DataLoader(_Batches(self, self._train_index), sampler=sampler, batch_size=None,
-                          num_workers=self.num_workers)
+        sampler = ResumableBatches(self._train_index.numel(), self.batch_size, g)
+        return ResumableLoader(_Batches(self, self._train_index), sampler=sampler, batch_size=None,
+                               num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_size == 0:

@@ -100,6 +100,10 @@ class RunCheckpoint(ModelCheckpoint):
     def _save_last(self, trainer: pl.Trainer) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
+        # points logged straight to the loggers (callbacks) may still sit in a writer's queue; a run
+        # killed after this save and resumed from it would lose them
+        for logger in trainer.loggers:
+            logger.save()
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps

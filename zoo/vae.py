@@ -24,6 +24,14 @@ paper's experiment is ``Gain(g)`` on the encoder: Xavier-uniform with gain ``g``
 ``1/g`` on the readout. Smaller ``g`` is predicted to disentangle more (higher DCI) at equal
 reconstruction.
 
+**Reparameterisation noise** comes from a generator of the model's own, on the CPU, not from
+torch's global one: Lightning does not save the global generator in checkpoints, so a resumed
+run would draw other noise. At the start of training the generator takes the global
+generator's state, so ``seed_everything`` still chooses the noise (and where nothing else drew
+from the global generator during training, as with the MNIST loaders, a run draws the noise it
+drew when the noise came from there); its state is saved in every checkpoint and restored on
+resume. A sweep's members share one generator and draw in turn, as they drew from the global one.
+
 **Active latents**: a latent is active when the variance of its posterior mean across the batch
 exceeds 0.01 (the usual definition, Burda et al. 2016's activity statistic with their threshold):
 below it the encoder maps every input to (nearly) the same mean, so the latent carries no
@@ -116,10 +124,55 @@ def _fill(net: nn.Sequential, scheme: InitScheme, generator: torch.Generator) ->
             m.bias.zero_()
 
 
+NOISE_KEY = "reparameterisation_noise"
+"""Checkpoint entry holding the noise generator's state (see the module docstring)."""
+
+
+def _generator_like_global() -> torch.Generator:
+    """A CPU generator in the global CPU generator's current state."""
+    g = torch.Generator()
+    g.set_state(torch.get_rng_state())
+    return g
+
+
+class _OwnNoise:
+    """Training hooks that give the module's VAEs (``_noise_models()``) one noise generator, taken
+    from the global one when training starts and from the checkpoint when it resumes."""
+
+    _noise_restored = False
+
+    def _noise_models(self) -> list["BetaVAE"]:
+        raise NotImplementedError
+
+    def _share_noise(self, generator: torch.Generator) -> None:
+        for m in self._noise_models():
+            m.noise_generator = generator
+
+    def on_train_start(self) -> None:
+        if self._noise_restored:  # on_load_checkpoint of this fit set it
+            self._noise_restored = False
+            return
+        if self.trainer.ckpt_path is not None and self.trainer.global_step > 0:
+            raise RuntimeError(f"{type(self).__name__}: the checkpoint {self.trainer.ckpt_path} has no state of the "
+                               "reparameterisation noise (saved before it had one), so the resumed run would draw "
+                               "other noise; start the run again instead")
+        self._share_noise(_generator_like_global())
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[NOISE_KEY] = self._noise_models()[0].noise().get_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if NOISE_KEY in checkpoint:
+            g = torch.Generator()
+            g.set_state(checkpoint[NOISE_KEY])
+            self._share_noise(g)
+            self._noise_restored = True
+
+
 # ------------------------------------------------------------------------------------------------
 # the model
 # ------------------------------------------------------------------------------------------------
-class BetaVAE(pl.LightningModule):
+class BetaVAE(_OwnNoise, pl.LightningModule):
     """A beta-VAE with deep fully connected encoder and decoder ([S] Sec. 3.2, App. D).
 
     Args:
@@ -167,6 +220,7 @@ class BetaVAE(pl.LightningModule):
         self.beta, self.lr, self.seed = float(beta), float(lr), int(seed)
         save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in self.schemes.items()})
         self.image_shape: list[int] | None = None
+        self.noise_generator: torch.Generator | None = None  # see the module docstring
         self.encoder: nn.Sequential | None = None
         self.decoder: nn.Sequential | None = None
         if image_shape is not None:
@@ -225,9 +279,20 @@ class BetaVAE(pl.LightningModule):
         """The representation DCI scores: the posterior means ``mu`` (B, L) ([S] App. D)."""
         return self.encode(x)[0]
 
+    def noise(self) -> torch.Generator:
+        """The generator of the reparameterisation noise (outside a fit, first taken from the global one)."""
+        if self.noise_generator is None:
+            self.noise_generator = _generator_like_global()
+        return self.noise_generator
+
     def reparameterise(self, mu: Tensor, logvar: Tensor) -> Tensor:
-        """A sample ``z = mu + exp(logvar / 2) eps``, eps ~ N(0, I)."""
-        return mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+        """A sample ``z = mu + exp(logvar / 2) eps``, eps ~ N(0, I) from :meth:`noise` (drawn on the
+        CPU, so its stream is the same on every device)."""
+        eps = torch.randn(mu.shape, generator=self.noise(), dtype=mu.dtype).to(mu.device)
+        return mu + torch.exp(0.5 * logvar) * eps
+
+    def _noise_models(self) -> list["BetaVAE"]:
+        return [self]
 
     def forward(self, x: Tensor) -> Tensor:
         """Reconstruction logits of x from the posterior means (no sampling)."""
@@ -271,7 +336,7 @@ class BetaVAE(pl.LightningModule):
 # ------------------------------------------------------------------------------------------------
 # a sweep of independent models in one fit
 # ------------------------------------------------------------------------------------------------
-class BetaVAESweep(pl.LightningModule):
+class BetaVAESweep(_OwnNoise, pl.LightningModule):
     """Independent beta-VAEs trained side by side on the same batches: one per (init member, seed).
 
     ``init_encoder: Gain(g=[0.3, 1, 3])`` with ``seeds: [0, 1, 2, 3]`` gives 12 models, member
@@ -340,6 +405,9 @@ class BetaVAESweep(pl.LightningModule):
 
     def __len__(self) -> int:
         return len(self.members)
+
+    def _noise_models(self) -> list[BetaVAE]:
+        return list(self.members)
 
     def member(self, label: str) -> BetaVAE:
         """The member with this label (e.g. ``g=0.3,seed=0``)."""
