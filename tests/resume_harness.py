@@ -44,7 +44,10 @@ def fit_killed(folder: Path, *args: str, sig: int = signal.SIGKILL, timeout: flo
     143 (the zoo's: stopped, checkpoint saved)."""
     folder.mkdir(parents=True, exist_ok=True)
     ckpt = folder / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # as many threads as this process: a float reduction split over another number of threads may
+    # round differently, and the resumed part runs here
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}
     proc = subprocess.Popen([sys.executable, "-m", "zoo", "fit", *args, "--trainer.enable_progress_bar=false"],
                             cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
