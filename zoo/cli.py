@@ -36,6 +36,9 @@ def _run_lightning_sdk(argv: list[str]) -> object:
 def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
+    from zoo.checkpoint_checks import check_checkpoint
+    from zoo.errors import before_first_batch, yaml_non_finite
+
     class ZooCLI(LightningCLI):
         """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks."""
 
@@ -47,6 +50,27 @@ def _cli_class():
                 # reports a parse error, before anything runs
                 self.parser.error(f"invalid configuration: {err}")
 
+        def parse_arguments(self, parser, args) -> None:
+            # `nan`/`inf` on the command line reach the zoo's finite checks instead of being "a string"
+            if isinstance(args, list) or args is None:
+                args = yaml_non_finite(sys.argv[1:] if args is None else args)
+                self.config = parser.parse_args(args)
+            else:
+                super().parse_arguments(parser, args)
+
+        def _parse_ckpt_path(self) -> None:
+            # Lightning would overwrite the configured model with the checkpoint's hyperparameters
+            # (another class, other dims) without a word; with a model configured, the checkpoint is
+            # checked against it instead (zoo.checkpoint_checks), before training
+            sub = self.config.get("subcommand")
+            if sub is None or self.config[sub].get("model") is None:
+                super()._parse_ckpt_path()
+
+        def _run_subcommand(self, subcommand: str) -> None:
+            with before_first_batch(self.trainer):
+                check_checkpoint(self._get(self.config_init, "ckpt_path"), self.model)
+                super()._run_subcommand(subcommand)
+
     return ZooCLI
 
 
@@ -56,14 +80,17 @@ def main(args: list[str] | None = None) -> None:
     if not _is_ours(argv):
         _run_lightning_sdk(argv)
         return
-    # from a console script, LightningCLI reads sys.argv itself and reports bad input as a
-    # usage error (exit code 2) rather than a traceback
-    build_cli(None if args is None else argv)
+    from zoo.errors import one_line_errors, raising_parser_kwargs
+
+    # bad input ends as one line and exit code 2, before training (zoo.errors)
+    with one_line_errors():
+        build_cli(None if args is None else argv, parser_kwargs=raising_parser_kwargs(SUBCOMMANDS))
 
 
-def build_cli(args: list[str] | None = None, *, run: bool = True):
+def build_cli(args: list[str] | None = None, *, run: bool = True, parser_kwargs: dict | None = None):
     """The zoo's LightningCLI on ``args`` (a list, as after the program name, or None for
-    ``sys.argv[1:]``); returns it. In-process callers (tests, notebooks) get exceptions."""
+    ``sys.argv[1:]``); returns it. In-process callers (tests, notebooks) get exceptions.
+    ``parser_kwargs`` go to LightningCLI (e.g. ``exit_on_error``)."""
 
     # importing them registers the zoo's classes, so YAML can name them by their short names
     import callbacks  # noqa: F401
@@ -86,6 +113,7 @@ def build_cli(args: list[str] | None = None, *, run: bool = True):
         args=args,
         run=run,
         auto_configure_optimizers=False,
+        parser_kwargs=parser_kwargs,
     )
 
 
