@@ -38,6 +38,7 @@ def _cli_class():
 
     from zoo.checkpoint_checks import check_checkpoint
     from zoo.errors import before_first_batch, yaml_non_finite
+    from zoo.config_checks import check_finite_settings, check_trainer_settings
 
     class ZooCLI(LightningCLI):
         """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks."""
@@ -68,6 +69,8 @@ def _cli_class():
 
         def _run_subcommand(self, subcommand: str) -> None:
             with before_first_batch(self.trainer):
+                check_trainer_settings(self._get(self.config, "trainer", default={}))
+                check_finite_settings(self.config.get(subcommand, self.config).as_dict())
                 check_checkpoint(self._get(self.config_init, "ckpt_path"), self.model)
                 super()._run_subcommand(subcommand)
 

@@ -42,6 +42,7 @@ HINT = f"(set {TRACEBACK_ENV}=1 for the full traceback)"
 CONFIG_ERRORS = (ValueError, TypeError, LookupError, OSError, MisconfigurationException, argparse.ArgumentError)
 # a float the YAML loader reads as a string when written the Python way ("nan", "-inf")
 _NON_FINITE = re.compile(r"^([+-]?)(nan|inf|infinity)$", re.IGNORECASE)
+_NON_FINITE_ITEM = re.compile(r"(?<![\w.])([+-]?)(nan|inf|infinity)(?![\w])", re.IGNORECASE)
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 _EXPECTED = re.compile(r"^Expected a <class '([\w.]+)'>\. Got value: (.*)$", re.DOTALL)
 _STARTED = "_zoo_training_started"
@@ -58,9 +59,14 @@ def yaml_non_finite(args: list[str]) -> list[str]:
     jsonargparse reads command-line values as YAML, where ``nan`` is a string: without this, the
     parser rejects it as "a string" before the zoo's own finite check can name the parameter.
     """
+    def spell(m: re.Match) -> str:
+        return f"{m.group(1)}.{'nan' if m.group(2).lower() == 'nan' else 'inf'}"
+
     def fix(value: str) -> str:
+        if value.lstrip().startswith(("[", "{")):  # a list or mapping: each element
+            return _NON_FINITE_ITEM.sub(spell, value)
         m = _NON_FINITE.match(value.strip())
-        return value if m is None else f"{m.group(1)}.{'nan' if m.group(2).lower() == 'nan' else 'inf'}"
+        return value if m is None else spell(m)
 
     out: list[str] = []
     for i, a in enumerate(args):
