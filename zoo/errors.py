@@ -28,6 +28,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 
+import jsonargparse
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -46,6 +47,10 @@ _NON_FINITE_ITEM = re.compile(r"(?<![\w.])([+-]?)(nan|inf|infinity)(?![\w])", re
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 _EXPECTED = re.compile(r"^Expected a <class '([\w.]+)'>\. Got value: (.*)$", re.DOTALL)
 _STARTED = "_zoo_training_started"
+# the packages whose RuntimeErrors are messages for the user (zoo, datamodules, callbacks)
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name) + os.sep
+                  for name in ("zoo", "datamodules", "callbacks"))
+_JSONARGPARSE_DIR = os.path.dirname(os.path.abspath(jsonargparse.__file__)) + os.sep
 
 
 def raising_parser_kwargs(subcommands: tuple[str, ...]) -> dict:
@@ -81,6 +86,21 @@ def yaml_non_finite(args: list[str]) -> list[str]:
     return out
 
 
+def is_config_error(err: BaseException) -> bool:
+    """Whether ``err``, raised before training, reports a setting: one of :data:`CONFIG_ERRORS`, or
+    a ``RuntimeError`` that the zoo's own code raised (a corrupt data file), not torch's."""
+    if isinstance(err, CONFIG_ERRORS):
+        return True
+    return isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError) and _raised_in(err, _OWN_DIRS)
+
+
+def _raised_in(err: BaseException, folders: tuple[str, ...]) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(folders)
+
+
 def _chain(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from, outermost first."""
     seen: list[BaseException] = []
@@ -91,10 +111,7 @@ def _chain(err: BaseException) -> list[BaseException]:
 
 
 def _from_jsonargparse(err: BaseException) -> bool:
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and f"{os.sep}jsonargparse{os.sep}" in tb.tb_frame.f_code.co_filename
+    return _raised_in(err, (_JSONARGPARSE_DIR,))
 
 
 def _key_path(chain: list[BaseException]) -> str:
@@ -179,8 +196,8 @@ def one_line_errors() -> Iterator[None]:
         yield
     except DivergenceError as err:
         _exit(err, DIVERGENCE_EXIT)
-    except CONFIG_ERRORS as err:
-        if getattr(err, _STARTED, False):
+    except Exception as err:
+        if getattr(err, _STARTED, False) or not is_config_error(err):
             raise
         _exit(err, CONFIG_ERROR_EXIT)
     finally:

@@ -1,0 +1,183 @@
+"""Invalid settings end as one line on stderr and exit code 2, before the first training batch.
+
+The fuzz test runs ``zoo.cli.main`` in-process (Lightning's import is paid once) on invalid
+configurations of every kind the zoo has: numbers out of range or not finite (command line and
+YAML), model/datamodule mismatches, indices out of range, Trainer settings, checkpoints, data
+files, recipe paths. Two subprocess runs check the real entry point: the message is stderr's first
+line, before Lightning's own "Seed set" / "GPU available" lines.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+R = REPO / "recipes"
+QS = str(R / "quickstart.yaml")
+STUDENT = str(R / "specialisation" / "fig1b_relu_specialises.yaml")
+MNIST = str(R / "specialisation" / "fig12_mnist_forgetting.yaml")
+VAE = str(R / "specialisation" / "fig13_vae_mnist.yaml")
+ISAE = str(R / "specialisation" / "fig13_isae.yaml")
+SHAPES = str(R / "specialisation" / "fig4_gain_dci.yaml")
+XOR = str(R / "haste_slowly" / "fig2_xor_margin.yaml")
+CONTEXTS = str(R / "haste_slowly" / "fig4_contexts.yaml")
+RELU = str(R / "haste_slowly" / "fig8_9_reln_discovery.yaml")
+NTK = str(R / "lazy_rich" / "ntk_square.yaml")
+REVERSAL = str(R / "lazy_rich" / "reversal.yaml")
+PHASE = str(R / "specialisation" / "phase_diagram.yaml")
+EWC = str(R / "specialisation" / "fig7_ewc.yaml")
+# a short run if a case were (wrongly) accepted; no progress bar in the captured stderr
+SHORT = ["--trainer.max_steps=2", "--trainer.enable_progress_bar=false"]
+
+# (config, overrides, what the first stderr line must contain: the parameter and the value given).
+# "{tmp}" is the test's folder; files the case needs are made by _make_files.
+CASES = [
+    # numbers out of range or not finite, from the command line
+    (QS, ["--model.init_args.lr=-1"], ["lr", "-1"]),
+    (QS, ["--model.init_args.lr=nan"], ["lr", "nan"]),
+    (QS, ["--model.init_args.lr", "-inf"], ["lr", "-inf"]),
+    (QS, ["--model.init_args.lr=abc"], ["lr", "abc"]),
+    (QS, ["--model.init_args.steps_per_batch=0"], ["steps_per_batch", "0"]),
+    (QS, ["--model.init_args.init.init_args.scale=-1"], ["scale", "-1"]),
+    (QS, ["--model.init_args.init.init_args.lam=[0.0,nan]"], ["lam", "nan"]),
+    (QS, ["--model.init_args.dims=[8,9,8]"], ["n_h", "9"]),
+    (QS, ["--model.init_args.dims=[8]"], ["dims", "[8]"]),
+    (QS, ["--model.init_args.ensemble=3"], ["ensemble", "3"]),
+    (QS, ["--model.init_args.init=NoSuchScheme"], ["init", "NoSuchScheme"]),
+    (QS, ["--model.init_args.no_such_setting=1"], ["no_such_setting"]),
+    (QS, ["--data.init_args.batch_size=0"], ["batch_size", "0"]),
+    (QS, ["--data.init_args.batches_per_epoch=-2"], ["batches_per_epoch", "-2"]),
+    (QS, ["--seed_everything=abc"], ["seed_everything", "abc"]),
+    (STUDENT, ["--model.init_args.eta=nan"], ["eta", "nan"]),
+    (STUDENT, ["--model.init_args.p=0"], ["p", "0"]),
+    (STUDENT, ["--model.init_args.activation=tanhh"], ["activation", "tanhh"]),
+    (STUDENT, ["--model.init_args.init_heads.init_args.r=-1"], ["r", "-1"]),
+    (STUDENT, ["--model.init_args.init_w.init_args.sigma=inf"], ["sigma", "inf"]),
+    (STUDENT, ["--data.init_args.p_star=0"], ["p_star", "0"]),
+    (STUDENT, ["--data.init_args.num_steps=0"], ["num_steps", "0"]),
+    (EWC, ["--model.init_args.ewc.init_args.xi=-1"], ["xi", "-1"]),
+    (MNIST, ["--model.init_args.hidden=0"], ["hidden", "0"]),
+    (MNIST, ["--data.init_args.permute_new=2"], ["permute_new", "2"]),
+    (MNIST, ["--model.init_args.lr=0"], ["lr", "0"]),
+    (VAE, ["--model.init_args.beta=-1"], ["beta", "-1"]),
+    (ISAE, ["--model.init_args.l1=[-1.0]"], ["l1", "-1"]),
+    (ISAE, ["--model.init_args.optimizer=adamw"], ["optimizer", "adamw"]),
+    (SHAPES, ["--model.init_args.seeds=[]"], ["seeds", "[]"]),
+    (XOR, ["--data.init_args.Delta=-1"], ["Delta", "-1"]),
+    (CONTEXTS, ["--data.init_args.n_contexts=7"], ["n_contexts", "7"]),
+    (CONTEXTS, ["--model.init_args.epochs_per_step=0"], ["epochs_per_step", "0"]),
+    (RELU, ["--model.init_args.hidden=[0]"], ["hidden", "[0]"]),
+    (NTK, ["--data.init_args.num_samples=2"], ["num_samples", "2"]),
+    (PHASE, ["--data.init_args.s=nan"], ["s", "nan"]),
+    # from YAML: the same checks
+    ("{tmp}/nan_lr.yaml", [], ["lr", "nan"]),
+    ("{tmp}/neg_sigma.yaml", [], ["sigma", "-0.5"]),
+    # model/datamodule mismatches (found at setup, before the first batch)
+    (STUDENT, ["--model.init_args.d=500"], ["d = 500", "d = 1000"]),
+    (STUDENT, ["--data.init_args.n_tasks=2"], ["n_tasks = 1", "n_tasks = 2"]),
+    (STUDENT, ["--model.init_args.teacher_sets=3"], ["teacher_sets = 3"]),
+    (NTK, ["--data.init_args.n_in=5"], ["dims[0] = 4", "n_in = 5"]),
+    (QS, ["--data=TeacherStudent"], ["task_aligned", "TeacherStudent"]),
+    (QS, ["--model.init_args.task_aligned=false", "--data=WhitenedRegression", "--data.init_args.n_out=3"],
+     ["dims[-1] = 8", "n_out = 3"]),
+    # indices out of range
+    (REVERSAL, ["--model.init_args.reversed_modes=[99]"], ["reversed_modes", "99"]),
+    (REVERSAL, ["--model.init_args.reversed_modes=[-1]"], ["reversed_modes", "-1"]),
+    (QS, ["--data.init_args.reverse_modes=[99]"], ["reverse_modes", "99"]),
+    (MNIST, ["--data.init_args.shared=[99]"], ["shared", "99"]),
+    # Trainer settings
+    (QS, ["--trainer.max_epochs=-5"], ["max_epochs", "-5"]),
+    (QS, ["--trainer.max_steps=-5"], ["max_steps", "-5"]),
+    (QS, ["--trainer.min_epochs=-3"], ["min_epochs", "-3"]),
+    (QS, ["--trainer.log_every_n_steps=0"], ["log_every_n_steps", "0"]),
+    (QS, ["--trainer.limit_train_batches=-1"], ["limit_train_batches", "-1"]),
+    (QS, ["--trainer.accelerator=quantum"], ["accelerator", "quantum"]),
+    (QS, ["--trainer.precision=7"], ["precision", "7"]),
+    (QS, ["--trainer.gradient_clip_val=nan"], ["gradient_clip_val", "nan"]),
+    (QS, ["--trainer.fast_dev_run=-1"], ["fast_dev_run", "-1"]),
+    (QS, ["--trainer.callbacks+=SingularValues", "--trainer.callbacks.init_args.every_n_steps=0"],
+     ["every_n_steps", "0"]),
+    # checkpoints: missing, garbage, another model's
+    (QS, ["--ckpt_path={tmp}/missing.ckpt"], ["ckpt_path", "missing.ckpt"]),
+    (QS, ["--ckpt_path={tmp}/garbage.ckpt"], ["ckpt_path", "garbage.ckpt"]),
+    (QS, ["--ckpt_path={tmp}/student.ckpt"], ["ckpt_path", "MultiHeadStudent", "DeepLinearNet"]),
+    # data: missing folders, missing / corrupt files, recipe paths that do not exist
+    (MNIST, ["--data.init_args.data_dir={tmp}/no_data"], ["no_data", "MNIST"]),
+    (MNIST, ["--data.init_args.data_dir={tmp}/corrupt"], ["corrupt", "train-images"]),
+    (VAE, ["--data.init_args.data_dir={tmp}/no_data"], ["no_data", "MNIST"]),
+    (ISAE, [], ["checkpoint", "vae_mnist.ckpt"]),
+    (SHAPES, ["--data.init_args.data_dir={tmp}/no_data", "--data.init_args.generate=false"], ["no_data", "3dshapes"]),
+    ("{tmp}/no_such_recipe.yaml", [], ["no_such_recipe.yaml"]),
+]
+
+
+def _make_files(tmp):
+    """The YAML configs, checkpoints and data folders that CASES refer to."""
+    from zoo.student import MultiHeadStudent
+
+    (tmp / "nan_lr.yaml").write_text(open(QS).read().replace("lr: 0.05", "lr: .nan"))
+    (tmp / "neg_sigma.yaml").write_text(textwrap.dedent("""
+        model:
+          class_path: MultiHeadStudent
+          init_args: {d: 10, init_w: {class_path: Gaussian, init_args: {sigma: -0.5}}}
+        data: {class_path: TeacherStudent, init_args: {d: 10}}
+    """))
+    (tmp / "garbage.ckpt").write_bytes(b"not a checkpoint at all")
+    student = MultiHeadStudent(d=10)
+    torch.save({"state_dict": student.state_dict(),
+                "hyper_parameters": {"_class_path": "zoo.MultiHeadStudent", **student.hparams}}, tmp / "student.ckpt")
+    raw = tmp / "corrupt" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (raw / f"{name}.gz").write_bytes(gzip.compress(b"truncated")[:12])
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Records every training step the Strategy runs (it runs them for automatic and manual optimisation)."""
+    from lightning.pytorch.strategies import Strategy
+
+    steps = []
+    original = Strategy.training_step
+
+    def counted(self, *args, **kwargs):
+        steps.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Strategy, "training_step", counted)
+    return steps
+
+
+def test_the_fuzz_set_covers_every_kind(in_tmp):
+    assert len(CASES) >= 50
+    configs = {c for c, _, _ in CASES}
+    assert {QS, STUDENT, MNIST, VAE, ISAE, SHAPES, XOR, CONTEXTS, RELU, NTK, PHASE} <= configs
+
+
+@pytest.mark.parametrize("config, overrides, expected", CASES, ids=[f"{i:02d}" for i in range(len(CASES))])
+def test_invalid_setting_is_one_line_and_exit_2_before_training(in_tmp, capsys, no_training, config, overrides,
+                                                                 expected):
+    from zoo.cli import main
+
+    _make_files(in_tmp)
+    args = ["fit", "--config", config.format(tmp=in_tmp), *SHORT, *(a.format(tmp=in_tmp) for a in overrides)]
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err
+    lines = err.strip("\n").split("\n")
+    assert stop.value.code == 2, err[-3000:]
+    first = lines[0]
+    for word in expected:
+        assert word in first, (word, err[-3000:])
+    assert len(lines) <= 3, err
+    assert not any(s in err for s in ("Traceback", "usage:", "Union subtypes", "Given value")), err
+    assert no_training == []  # stopped before the first batch
+    assert not list((in_tmp / "lightning_logs").rglob("*.ckpt"))  # no checkpoint of a run that should not be
