@@ -181,3 +181,77 @@ def test_invalid_setting_is_one_line_and_exit_2_before_training(in_tmp, capsys, 
     assert not any(s in err for s in ("Traceback", "usage:", "Union subtypes", "Given value")), err
     assert no_training == []  # stopped before the first batch
     assert not list((in_tmp / "lightning_logs").rglob("*.ckpt"))  # no checkpoint of a run that should not be
+
+
+def _zoo(*args, **env):
+    return subprocess.run([sys.executable, "-m", "zoo", "fit", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=300)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--model.init_args.lr=nan"], "DeepLinearNet: lr = nan; allowed: a positive number"),
+    # found at setup, after Lightning has logged "Seed set", "GPU available", ...: still the first line
+    (["--data=TeacherStudent"], "DeepLinearNet: task_aligned = true needs a datamodule with modes()"),
+])
+def test_the_real_entry_point_prints_the_message_first(tmp_path, overrides, message):
+    out = _zoo("--config", QS, f"--trainer.default_root_dir={tmp_path}", *SHORT, *overrides)
+    lines = out.stderr.strip("\n").split("\n")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert lines[0].startswith(message) and len(lines) <= 3, out.stderr[-3000:]
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_zoo_traceback_shows_the_full_traceback_after_the_message(in_tmp, capsys, monkeypatch):
+    from zoo.cli import main
+
+    monkeypatch.setenv("ZOO_TRACEBACK", "1")
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", QS, *SHORT, "--model.init_args.lr=-1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.startswith("DeepLinearNet: lr = -1.0; allowed: a positive number\n")
+    assert "Traceback (most recent call last)" in err and "raise ValueError" in err
+
+
+def test_divergence_is_one_line_with_step_members_and_cause_and_exit_1(in_tmp, capsys):
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", QS, *SHORT, "--trainer.max_steps=50", "--trainer.callbacks=null",
+              "--model.init_args.lr=1000", "--model.init_args.task_aligned=false",
+              "--model.init_args.init.init_args.scale=1"])
+    err = capsys.readouterr().err.strip("\n").split("\n")
+    assert stop.value.code == 1
+    # the message, then the hint; whatever Lightning logged once training started comes before
+    assert "the loss is not finite at step" in err[-2] and "lam=0" in err[-2] and "lr=1000.0" in err[-2]
+    assert err[-1].startswith("(set ZOO_TRACEBACK=1") and "DivergenceError" not in "\n".join(err), err
+
+
+def test_errors_after_training_started_keep_their_traceback(in_tmp, monkeypatch):
+    """A ValueError from the training step is a bug in a module, not a setting: it is re-raised."""
+    from zoo.cli import main
+
+    (in_tmp / "broken_module.py").write_text(textwrap.dedent("""
+        from zoo import DeepLinearNet
+
+        class Broken(DeepLinearNet):
+            def training_step(self, batch, batch_idx):
+                raise ValueError("a bug in training_step")
+    """))
+    monkeypatch.syspath_prepend(str(in_tmp))
+    with pytest.raises(ValueError, match="a bug in training_step"):
+        main(["fit", "--config", QS, *SHORT, "--model=broken_module.Broken"])
+
+
+def test_build_cli_keeps_raising_the_exception(in_tmp):
+    from zoo.cli import build_cli
+
+    with pytest.raises(ValueError, match="task_aligned = true needs a datamodule with modes"):
+        build_cli(["fit", "--config", QS, *SHORT, "--data=TeacherStudent"])
+
+
+def test_nan_and_inf_on_the_command_line_are_yaml_floats():
+    from zoo.errors import yaml_non_finite
+
+    assert yaml_non_finite(["fit", "--a=nan", "--b", "-inf", "--c=[0.0,NaN]", "--d=info", "--e", "x"]) == \
+        ["fit", "--a=.nan", "--b=-.inf", "--c=[0.0,.nan]", "--d=info", "--e", "x"]

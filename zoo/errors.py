@@ -129,11 +129,16 @@ def _key_path(chain: list[BaseException]) -> str:
     return ".".join(keys)
 
 
+def _own(chain: list[BaseException]) -> BaseException | None:
+    """The first exception in ``chain`` that jsonargparse did not raise (a constructor's, Lightning's)."""
+    return next((e for e in chain if not _from_jsonargparse(e) and not isinstance(e, argparse.ArgumentError)), None)
+
+
 def message(err: BaseException) -> str:
     """The one-line message for ``err``: the first cause that jsonargparse did not wrap (the zoo's
     own words), or for a parse error, the parameter, the value and the type expected."""
     chain = _chain(err)
-    own = next((e for e in chain if not _from_jsonargparse(e) and not isinstance(e, argparse.ArgumentError)), None)
+    own = _own(chain)
     if own is not None:
         # the zoo's own message (or Lightning's, or the OS's) already names the setting
         text = " ".join(str(own).split()) or type(own).__name__
@@ -209,7 +214,9 @@ def _exit(err: BaseException, code: int) -> None:
     held = _deferred.release(replay=False) if _deferred is not None else ""
     lines = [message(err)]
     if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-        lines += [held.rstrip(), "".join(traceback.format_exception(err)).rstrip()]
+        # jsonargparse raises its errors "from None": show the traceback of the zoo's own exception
+        source = _own(_chain(err)) or err
+        lines += [held.rstrip(), "".join(traceback.format_exception(source)).rstrip()]
     else:
         lines.append(HINT)
     sys.stderr.write("\n".join(line for line in lines if line) + "\n")
