@@ -115,6 +115,19 @@ CASES = [
     (ISAE, [], ["checkpoint", "vae_mnist.ckpt"]),
     (SHAPES, ["--data.init_args.data_dir={tmp}/no_data", "--data.init_args.generate=false"], ["no_data", "3dshapes"]),
     ("{tmp}/no_such_recipe.yaml", [], ["no_such_recipe.yaml"]),
+    ("{tmp}", [], ["config", "not a file"]),
+    ("{tmp}/broken.yaml", [], ["expected ',' or ']'"]),
+    (ISAE, ["--data.init_args.checkpoint={tmp}/garbage.ckpt"], ["checkpoint", "garbage.ckpt"]),
+    (SHAPES, ["--data.init_args.path={tmp}/garbage.ckpt"], ["garbage.ckpt", "HDF5"]),
+    (QS, ["--ckpt_path={tmp}"], ["ckpt_path", "no such file"]),
+    # more numbers, shapes and types
+    (QS, ["--trainer.max_epochs=abc"], ["max_epochs", "abc"]),
+    (QS, ["--model.init_args.ensemble=0"], ["ensemble = 0"]),
+    (QS, ["--model.init_args.dims=[8,8]"], ["shapes", "(8, 8)"]),
+    (QS, ["--model.init_args.init.class_path=Polar"], ["task_aligned", "Polar"]),
+    (STUDENT, ["--model.init_args.init_heads.init_args.theta=nan"], ["theta", "nan"]),
+    (CONTEXTS, ["--data.init_args.n_items=3"], ["n_items", "3"]),
+    (STUDENT, ["--data.init_args.activation=tanhh"], ["activation", "tanhh"]),
 ]
 
 
@@ -130,6 +143,7 @@ def _make_files(tmp):
         data: {class_path: TeacherStudent, init_args: {d: 10}}
     """))
     (tmp / "garbage.ckpt").write_bytes(b"not a checkpoint at all")
+    (tmp / "broken.yaml").write_text("model: [unclosed\n  x: 1\n")
     student = MultiHeadStudent(d=10)
     torch.save({"state_dict": student.state_dict(),
                 "hyper_parameters": {"_class_path": "zoo.MultiHeadStudent", **student.hparams}}, tmp / "student.ckpt")

@@ -9,6 +9,10 @@ The ``lightning-sdk`` package installs a ``lightning`` command of its own (a clo
 ``fit``). Whichever was installed last owns the name, so when the first argument is not one of
 fit/validate/test/predict and ``lightning_sdk`` is importable, the arguments are handed to its
 CLI unchanged: installing the zoo never takes that command away.
+
+Bad input: ``main`` reports it as one line and exit code 2 before training (``zoo.errors``); a
+``--ckpt_path`` is checked against the configured model (``zoo.checkpoint_checks``) instead of
+silently replacing its arguments; Trainer settings and NaNs are checked by ``zoo.config_checks``.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ def _cli_class():
     from zoo.config_checks import check_finite_settings, check_trainer_settings
 
     class ZooCLI(LightningCLI):
-        """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks."""
+        """LightningCLI whose invalid settings are reported before training, not as tracebacks."""
 
         def instantiate_classes(self) -> None:
             try:

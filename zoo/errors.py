@@ -12,6 +12,12 @@ innermost message instead:
 - :class:`~zoo.divergence.DivergenceError` (a loss that went NaN during training): one line with
   the step, the members and the cause, exit code 1 (the run failed; the settings parsed);
 - anything else raised after training started is a bug, not a setting: the normal traceback.
+  Before training, the kinds in :data:`CONFIG_ERRORS` count as settings, and a ``RuntimeError``
+  only when the zoo's own code raised it (a corrupt data file), not torch.
+
+Lightning logs "Seed set to 0", "GPU available: ..." and warnings before any error from
+``setup`` can happen; stderr is held back until the first training batch so that the message is
+the first line (what was held back is shown with ``ZOO_TRACEBACK=1``, or once training starts).
 
 ``ZOO_TRACEBACK=1`` in the environment shows the full traceback in every case. In-process callers
 (``zoo.cli.build_cli``) get the exceptions themselves.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import linecache
 import logging
 import os
 import re
@@ -91,7 +98,18 @@ def is_config_error(err: BaseException) -> bool:
     a ``RuntimeError`` that the zoo's own code raised (a corrupt data file), not torch's."""
     if isinstance(err, CONFIG_ERRORS):
         return True
-    return isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError) and _raised_in(err, _OWN_DIRS)
+    return (isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError) and _raised_in(err, _OWN_DIRS)
+            and _raise_statement(err))
+
+
+def _raise_statement(err: BaseException) -> bool:
+    """Whether ``err`` comes from a ``raise`` in Python code, not from a torch op called there (a C
+    function adds no frame, so its errors seem to come from the line that called it)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip().startswith(
+        "raise")
 
 
 def _raised_in(err: BaseException, folders: tuple[str, ...]) -> bool:
