@@ -91,6 +91,7 @@ def test_cli_refuses_a_conflicting_checkpoint_and_resumes_a_matching_one(in_tmp,
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.callbacks=null", "--trainer.enable_model_summary=false"]
     first_run = build_cli(["fit", "--config", QS, "--trainer.max_steps=2", *quiet]).trainer.global_step
     (ckpt,) = (in_tmp / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")
+    capsys.readouterr()  # what that run logged
     with pytest.raises(SystemExit) as stop:
         main(["fit", "--config", QS, f"--ckpt_path={ckpt}", "--model.init_args.dims=[8,4,8]", *quiet])
     first = capsys.readouterr().err.splitlines()[0]
