@@ -243,15 +243,28 @@ def _exit(err: BaseException, code: int) -> None:
 
 
 class _FirstBatch(Callback):
-    """Notes when the first training batch starts (errors before it are the settings' fault) and
-    lets stderr through from then on."""
+    """Notes when the first batch starts (errors before it are the settings' fault) and lets stderr
+    through from then on. The batches of the sanity check still count as "before"."""
 
     started = False
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def _start(self) -> None:
         if not self.started:
             self.started = True
             _release_stderr()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start()
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking:
+            self._start()
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._start()
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._start()
 
 
 @contextlib.contextmanager
