@@ -84,7 +84,13 @@ class Latents(pl.LightningDataModule):
     def encoder(self) -> BetaVAE:
         """The VAE whose posterior means are the codes (loaded on the CPU, in eval mode)."""
         if self.vae is None:
-            self.vae = BetaVAE.load_from_checkpoint(str(Path(self.checkpoint).expanduser()), map_location="cpu")
+            try:
+                self.vae = BetaVAE.load_from_checkpoint(str(Path(self.checkpoint).expanduser()), map_location="cpu")
+            except Exception as err:  # torch/Lightning raise many kinds for a file that is not a BetaVAE's
+                first = str(err).strip().split("\n", 1)[0][:200]
+                raise ValueError(f"{type(self).__name__}: checkpoint = {self.checkpoint!r} is not a readable BetaVAE "
+                                 f"checkpoint ({type(err).__name__}: {first}); allowed: the .ckpt of "
+                                 "recipes/specialisation/fig13_vae_mnist.yaml") from err
         if not self.vae.built:
             self.vae.adopt_image_shape(MNISTImages.image_shape)
         return self.vae.eval()

@@ -217,6 +217,9 @@ class MNISTContinual(pl.LightningDataModule):
         task1 = pi[:PER_TASK]
         return [[task1, pi[:k] + pi[PER_TASK:N_DIGITS - k]] for k in ks], ks
 
+    # sizes a model must match (checked by MultiHeadClassifier.setup)
+    n_in, n_classes = 784, PER_TASK
+
     @property
     def data_sets(self) -> int:
         """``G``, the number of data sets (one per value of ``shared`` and digit draw)."""

@@ -116,5 +116,5 @@ def test_ckpt_path_last_without_a_run_is_an_error(tmp_path, monkeypatch):
     from zoo.cli import build_cli
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="ckpt_path = 'last'"):
+    with pytest.raises(ValueError, match="ckpt_path = 'last'"):
         build_cli(["fit", "--config", f"{REPO}/recipes/quickstart.yaml", "--ckpt_path", "last"])

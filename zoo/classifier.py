@@ -219,6 +219,10 @@ class MultiHeadClassifier(pl.LightningModule):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None or stage != "fit":
             return
+        for attr in ("n_in", "n_classes"):
+            if isinstance(getattr(dm, attr, None), int) and getattr(dm, attr) != getattr(self, attr):
+                raise ValueError(f"{type(self).__name__}: {attr} = {getattr(self, attr)} but the datamodule has "
+                                 f"{attr} = {getattr(dm, attr)}")
         G = int(getattr(dm, "data_sets", 1))
         if G != self.G:
             if self.G != 1:

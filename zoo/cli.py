@@ -9,6 +9,10 @@ The ``lightning-sdk`` package installs a ``lightning`` command of its own (a clo
 ``fit``). Whichever was installed last owns the name, so when the first argument is not one of
 fit/validate/test/predict and ``lightning_sdk`` is importable, the arguments are handed to its
 CLI unchanged: installing the zoo never takes that command away.
+
+Bad input: ``main`` reports it as one line and exit code 2 before training (``zoo.errors``); a
+``--ckpt_path`` is checked against the configured model (``zoo.checkpoint_checks``) instead of
+silently replacing its arguments; Trainer settings and NaNs are checked by ``zoo.config_checks``.
 """
 from __future__ import annotations
 
@@ -37,14 +41,14 @@ def _run_lightning_sdk(argv: list[str]) -> object:
 def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
+    from zoo.checkpoint_checks import check_checkpoint
+    from zoo.errors import before_first_batch, yaml_non_finite
+    from zoo.config_checks import check_finite_settings, check_trainer_settings
+
     class ZooCLI(LightningCLI):
-        """LightningCLI whose invalid constructor arguments are usage errors, not tracebacks, that
+        """LightningCLI whose invalid settings are reported before training, not as tracebacks; that
         checkpoints every run (``zoo.checkpoint.RunCheckpoint``), resolves ``--ckpt_path last`` and
         resumes a run into its own folder (``zoo.runs``)."""
-
-        def parse_arguments(self, parser, args) -> None:
-            super().parse_arguments(parser, args)
-            _resolve_last_checkpoint(self.config)
 
         def instantiate_trainer(self, **kwargs):
             config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
@@ -61,6 +65,44 @@ def _cli_class():
                 # constructors validate their arguments (ranges, shapes): report it as the CLI
                 # reports a parse error, before anything runs
                 self.parser.error(f"invalid configuration: {err}")
+
+        def parse_arguments(self, parser, args) -> None:
+            # `nan`/`inf` on the command line reach the zoo's finite checks instead of being "a string"
+            if isinstance(args, list) or args is None:
+                args = yaml_non_finite(sys.argv[1:] if args is None else args)
+                self.config = parser.parse_args(args)
+            else:
+                super().parse_arguments(parser, args)
+            _resolve_last_checkpoint(self.config)
+
+        def _parse_ckpt_path(self) -> None:
+            # Lightning would overwrite the configured model with the checkpoint's hyperparameters
+            # (another class, other dims) without a word; with a model configured, the checkpoint is
+            # checked against it instead (zoo.checkpoint_checks), before training
+            sub = self.config.get("subcommand")
+            if sub is None or self.config[sub].get("model") is None:
+                super()._parse_ckpt_path()
+
+        # LightningCLI runs a subcommand by the CLI's method of that name when it has one: each wraps
+        # the Trainer's, so checks and setup errors come before the first batch (zoo.errors)
+        def _checked(self, subcommand: str, **kwargs) -> None:
+            with before_first_batch(self.trainer):
+                check_trainer_settings(self._get(self.config, "trainer", default={}))
+                check_finite_settings(self.config.get(subcommand, self.config).as_dict())
+                check_checkpoint(kwargs.get("ckpt_path"), self.model)
+                getattr(self.trainer, subcommand)(**kwargs)
+
+        def fit(self, **kwargs) -> None:
+            self._checked("fit", **kwargs)
+
+        def validate(self, **kwargs) -> None:
+            self._checked("validate", **kwargs)
+
+        def test(self, **kwargs) -> None:
+            self._checked("test", **kwargs)
+
+        def predict(self, **kwargs) -> None:
+            self._checked("predict", **kwargs)
 
     return ZooCLI
 
@@ -84,7 +126,7 @@ def _resolve_last_checkpoint(config) -> None:
     root = _logger_root(config[sub].get("trainer"))
     found = newest_last_checkpoint(root)
     if found is None:
-        raise SystemExit(f"error: ckpt_path = 'last': no run with checkpoints/last.ckpt under {root}/version_*; "
+        raise ValueError(f"ckpt_path = 'last': no run with checkpoints/last.ckpt under {root}/version_*; "
                          "allowed: 'last' where a run has saved one, or the path of a .ckpt file")
     config[sub]["ckpt_path"] = str(found)
 
@@ -139,12 +181,14 @@ def main(args: list[str] | None = None) -> None:
     if not _is_ours(argv):
         _run_lightning_sdk(argv)
         return
-    # from a console script, LightningCLI reads sys.argv itself and reports bad input as a
-    # usage error (exit code 2) rather than a traceback
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from zoo.errors import one_line_errors, raising_parser_kwargs
+
     try:
-        build_cli(None if args is None else argv)
+        # bad input ends as one line and exit code 2, before training (zoo.errors)
+        with one_line_errors():
+            build_cli(None if args is None else argv, parser_kwargs=raising_parser_kwargs(SUBCOMMANDS))
     except SIGTERMException:
         # RunCheckpoint saved the state after the last finished batch; a scheduler that requeues
         # the job sees a failure, not a finished run
@@ -153,9 +197,10 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(143)
 
 
-def build_cli(args: list[str] | None = None, *, run: bool = True):
+def build_cli(args: list[str] | None = None, *, run: bool = True, parser_kwargs: dict | None = None):
     """The zoo's LightningCLI on ``args`` (a list, as after the program name, or None for
-    ``sys.argv[1:]``); returns it. In-process callers (tests, notebooks) get exceptions."""
+    ``sys.argv[1:]``); returns it. In-process callers (tests, notebooks) get exceptions.
+    ``parser_kwargs`` go to LightningCLI (e.g. ``exit_on_error``)."""
 
     # importing them registers the zoo's classes, so YAML can name them by their short names
     import callbacks  # noqa: F401
@@ -178,6 +223,7 @@ def build_cli(args: list[str] | None = None, *, run: bool = True):
         args=args,
         run=run,
         auto_configure_optimizers=False,
+        parser_kwargs=parser_kwargs,
     )
 
 

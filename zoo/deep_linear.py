@@ -244,6 +244,7 @@ class DeepLinearNet(pl.LightningModule):
 
     # -- training ---------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        self._check_datamodule(getattr(self.trainer, "datamodule", None))
         if self.task_aligned and stage == "fit":
             modes = self.trainer.datamodule.modes()
             E, m = self.ensemble, len(modes.s)
@@ -254,6 +255,20 @@ class DeepLinearNet(pl.LightningModule):
                 for p, w in zip(self.W, ws):
                     p.copy_(w.to(p))
             self._remember_init()
+
+    def _check_datamodule(self, dm: object) -> None:
+        """The data's input/output sizes against ``dims``, and ``modes()`` for ``task_aligned``: a
+        mismatch is a setting, reported before training rather than as a matmul error."""
+        if dm is None:
+            return
+        if self.task_aligned and not callable(getattr(dm, "modes", None)):
+            raise ValueError(f"DeepLinearNet: task_aligned = true needs a datamodule with modes() (a regression task "
+                             f"such as SemanticHierarchy); {type(dm).__name__} has none")
+        for end, attr, width in (("dims[0]", "n_in", self.dims[0]), ("dims[-1]", "n_out", self.dims[-1])):
+            size = getattr(dm, attr, None)
+            if isinstance(size, int) and size != width:
+                raise ValueError(f"DeepLinearNet: {end} = {width} but the datamodule has {attr} = {size}; "
+                                 f"allowed: dims[0] = n_in and dims[-1] = n_out of the data")
 
     def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """``1/(2N) sum_i |y_i - y_hat_i|^2`` of every member, (E,)."""
