@@ -108,7 +108,10 @@ def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> N
 
 def output_path(trainer: pl.Trainer, name: str) -> Path:
     """A fresh path for ``name`` in the run's log folder; never overwrites an existing file."""
-    folder = Path(trainer.log_dir or trainer.default_root_dir)
+    # the logger's own folder, not trainer.log_dir: that one is a broadcast (a collective), and this
+    # is called on rank 0 only
+    log_dir = trainer.loggers[0].log_dir if trainer.loggers else None
+    folder = Path(log_dir or trainer.default_root_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path, stem, i = folder / name, Path(name).stem, 1
     while path.exists():

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.mnist_images import MNISTImages, _positive
-from datamodules.resumable import ResumableBatches, ResumableLoader
+from datamodules.resumable import ResumableLoader, shuffled_batches
 from zoo.vae import BetaVAE
 
 ENCODE_CHUNK = 2048
@@ -126,7 +126,7 @@ class Latents(pl.LightningDataModule):
         # the batches of DataLoader(shuffle=True, generator=g), resumable mid-epoch (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed)
         data = TensorDataset(self._load())
-        return ResumableLoader(data, batch_sampler=ResumableBatches(len(data), self.batch_size, g), generator=g,
+        return ResumableLoader(data, batch_sampler=shuffled_batches(len(data), self.batch_size, g), generator=g,
                                num_workers=self.num_workers)
 
     def samples(self, n: int | None = None) -> Tensor:

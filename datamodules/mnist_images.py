@@ -89,12 +89,12 @@ class MNISTImages(pl.LightningDataModule):
         return self._digits
 
     def train_dataloader(self) -> DataLoader:
-        from datamodules.resumable import ResumableBatches, ResumableLoader
+        from datamodules.resumable import ResumableLoader, shuffled_batches
 
         # the batches of DataLoader(shuffle=True, generator=g), resumable mid-epoch (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed)
         data = TensorDataset(self._load())
-        return ResumableLoader(data, batch_sampler=ResumableBatches(len(data), self.batch_size, g), generator=g,
+        return ResumableLoader(data, batch_sampler=shuffled_batches(len(data), self.batch_size, g), generator=g,
                                num_workers=self.num_workers)
 
     def samples(self, n: int) -> Tensor:

@@ -17,8 +17,10 @@ uninterrupted run. Between epochs (all batches served) the state is the generato
 state, from which the next epoch's permutation is drawn.
 
 Batches are counted where the loader hands them out, so worker prefetching does not count.
-Lightning does not prefetch a loader whose length it knows (these have one). These are
-single-process loaders: under DDP Lightning cannot put its DistributedSampler into them.
+Lightning does not prefetch a loader whose length it knows (these have one). Under DDP, Lightning
+puts its ``DistributedSampler`` into a ``batch_sampler=ResumableBatches`` loader; a loader that
+passes a ``ResumableBatches`` as its ``sampler`` (batches fetched whole, ``batch_size=None``) stays
+single-process.
 """
 from __future__ import annotations
 
@@ -28,27 +30,34 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 
-class ResumableBatches(Sampler[list[int]]):
-    """Batches of ``batch_size`` indices of a fresh permutation of ``range(n)`` each epoch, drawn from
-    ``generator`` (the last batch may be smaller); the next epoch starts ``skip`` batches in."""
+class ResumableBatches(BatchSampler):
+    """A ``BatchSampler`` whose next epoch starts ``skip`` batches in. With the same ``sampler`` it
+    yields exactly ``BatchSampler``'s batches; it keeps ``BatchSampler``'s constructor so that under
+    DDP Lightning can put its ``DistributedSampler`` in place of ``sampler`` (each rank then skips
+    its own served batches of the epoch's permutation, which ``set_epoch`` fixes)."""
 
-    def __init__(self, n: int, batch_size: int, generator: torch.Generator) -> None:
-        self.generator = generator
-        self.sampler = RandomSampler(range(n), generator=generator)  # named as BatchSampler names it
-        self.batch_size = batch_size
-        self._batches = BatchSampler(self.sampler, batch_size, drop_last=False)
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool = False) -> None:
+        super().__init__(sampler, batch_size, drop_last)
         self.skip = 0
 
-    def __len__(self) -> int:
-        return len(self._batches)
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The shuffling generator whose state a checkpoint keeps (None for a ``DistributedSampler``,
+        whose permutation is a function of its seed and epoch)."""
+        return getattr(self.sampler, "generator", None)
 
     def __iter__(self) -> Iterator[list[int]]:
         # a generator function: the permutation is drawn at the first batch, as RandomSampler draws it
         skip, self.skip = self.skip, 0
-        batches = iter(self._batches)
+        batches = super().__iter__()
         for _ in range(skip):
             next(batches)
         yield from batches
+
+
+def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> ResumableBatches:
+    """The batches of ``DataLoader(range(n), batch_size, shuffle=True, generator=generator)``, resumable."""
+    return ResumableBatches(RandomSampler(range(n), generator=generator), batch_size)
 
 
 class ResumableLoader(DataLoader):
@@ -64,20 +73,25 @@ class ResumableLoader(DataLoader):
 
     def __iter__(self) -> "_Counted":
         batches = self._resumable()
-        self._epoch_start = batches.generator.get_state()
+        self._epoch_start = None if batches.generator is None else batches.generator.get_state()
         self._served = batches.skip
         return _Counted(super().__iter__(), self)
 
     def state_dict(self) -> dict:
         batches = self._resumable()
         start, served = getattr(self, "_epoch_start", None), getattr(self, "_served", 0)
-        if start is None or served >= len(batches):  # before the first epoch, or after one
-            return {"generator": batches.generator.get_state(), "served": 0}
+        if served == 0 or served >= len(batches):  # before the first epoch, or after one
+            return {"generator": None if batches.generator is None else batches.generator.get_state(), "served": 0}
         return {"generator": start, "served": served}
 
     def load_state_dict(self, state_dict: dict) -> None:
         batches = self._resumable()
-        batches.generator.set_state(state_dict["generator"])
+        if (state_dict["generator"] is None) != (batches.generator is None):
+            raise ValueError(f"{type(self).__name__}: the checkpoint's loader state is for a run "
+                             f"{'with' if batches.generator is None else 'without'} a distributed sampler; "
+                             "allowed: resume with the number of devices the run started with")
+        if batches.generator is not None:
+            batches.generator.set_state(state_dict["generator"])
         batches.skip = int(state_dict["served"])
         self._epoch_start, self._served = None, 0
 

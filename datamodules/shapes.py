@@ -611,11 +611,11 @@ class _FactorImages(pl.LightningDataModule):
 
     # -- loaders ------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
-        from datamodules.resumable import ResumableBatches, ResumableLoader
+        from datamodules.resumable import ResumableLoader, shuffled_batches
 
         # resumable: a mid-epoch checkpoint continues this epoch's permutation (datamodules.resumable)
         g = torch.Generator().manual_seed(self.seed + 2)
-        sampler = ResumableBatches(self._train_index.numel(), self.batch_size, g)
+        sampler = shuffled_batches(self._train_index.numel(), self.batch_size, g)
         return ResumableLoader(_Batches(self, self._train_index), sampler=sampler, batch_size=None,
                                num_workers=self.num_workers)
 

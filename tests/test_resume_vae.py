@@ -176,12 +176,12 @@ def test_sparse_autoencoder_kill_then_resume(fig13_isae, tmp_path, one_thread, m
 def _loader(kind: str, n: int = 50, batch_size: int = 8):
     from torch.utils.data import Dataset, TensorDataset
 
-    from datamodules.resumable import ResumableBatches, ResumableLoader
+    from datamodules.resumable import ResumableLoader, shuffled_batches
 
     g = torch.Generator().manual_seed(3)
     if kind == "items":  # as MNISTImages / Latents: one index per item, the loader's generator is the shuffle's
         data = TensorDataset(torch.arange(n))
-        return ResumableLoader(data, batch_sampler=ResumableBatches(n, batch_size, g), generator=g)
+        return ResumableLoader(data, batch_sampler=shuffled_batches(n, batch_size, g), generator=g)
 
     class Whole(Dataset):  # as Shapes3D / DSprites: the dataset takes a batch's index list
         def __len__(self):
@@ -190,7 +190,7 @@ def _loader(kind: str, n: int = 50, batch_size: int = 8):
         def __getitem__(self, i):
             return (torch.as_tensor(i),)
 
-    return ResumableLoader(Whole(), sampler=ResumableBatches(n, batch_size, g), batch_size=None)
+    return ResumableLoader(Whole(), sampler=shuffled_batches(n, batch_size, g), batch_size=None)
 
 
 def _batches(loader, epochs: int) -> list[list[int]]:
@@ -224,3 +224,34 @@ def test_loader_state_continues_the_uninterrupted_sequence(kind, stop):
     rest += _batches(resumed, n_epochs - 1 - stop // 7)
     assert seen + rest == expected
     assert len(rest) == 7 * n_epochs - stop
+
+
+def test_resumable_loader_with_a_distributed_sampler():
+    """Under DDP Lightning puts a DistributedSampler into ResumableBatches (it keeps BatchSampler's
+    constructor for that): each rank's loader, stopped mid-epoch and restored into a fresh one, serves
+    the rest of that rank's epoch, and the state of a loader without a generator is refused by one with."""
+    import torch
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    from datamodules.resumable import ResumableBatches, ResumableLoader, shuffled_batches
+
+    data = TensorDataset(torch.arange(23))
+
+    def loader(rank):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5)
+        sampler.set_epoch(3)
+        return ResumableLoader(data, batch_sampler=ResumableBatches(sampler, 4))
+
+    for rank in (0, 1):
+        whole = [b[0].tolist() for b in loader(rank)]
+        first = loader(rank)
+        it = iter(first)
+        served = [next(it)[0].tolist() for _ in range(2)]
+        state = first.state_dict()
+        assert state == {"generator": None, "served": 2}
+        second = loader(rank)
+        second.load_state_dict(state)
+        assert served + [b[0].tolist() for b in second] == whole
+    single = ResumableLoader(data, batch_sampler=shuffled_batches(23, 4, torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="number of devices"):
+        single.load_state_dict(state)
