@@ -1,0 +1,150 @@
+"""Exact resume of the streamed families across the task switch: MultiHeadStudent on
+TeacherStudent (ode_vs_simulation: TheoryOverlay, OrderParameters, Entropies; fig6: ForgettingProfile;
+fig7: EWC anchored at the switch, ErrorCurves) and MultiHeadClassifier on MNISTContinual (fig12:
+TaskForgetting, on tiny IDX files written here). Each run is stopped by a smaller max_steps (before
+and after the switch) or killed with SIGKILL after its first mid-run checkpoint, then resumed with
+--ckpt_path last: weights, scalars and figures equal the uninterrupted run's, bit for bit."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed
+
+ODE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml", "--data.init_args.num_steps=4000",
+       "--data.init_args.switch_step=2000", "--data.init_args.d=100", "--model.init_args.d=100",
+       "--data.init_args.steps_per_batch=100", "--data.init_args.num_test=500"]
+FIG6 = ["--config", f"{REPO}/recipes/specialisation/fig6_forgetting_vs_similarity.yaml",
+        "--data.init_args.num_steps=2000", "--data.init_args.switch_step=1000", "--data.init_args.d=100",
+        "--model.init_args.d=100", "--data.init_args.steps_per_batch=250", "--data.init_args.num_test=100"]
+FIG7 = ["--config", f"{REPO}/recipes/specialisation/fig7_ewc.yaml", "--data.init_args.num_steps=1200",
+        "--data.init_args.switch_step=600", "--data.init_args.d=60", "--model.init_args.d=60",
+        "--data.init_args.steps_per_batch=200", "--data.init_args.num_test=100", "--model.init_args.ewc.samples=200",
+        "--trainer.callbacks.init_args.every_n_steps=200"]
+
+
+def fig12(data_dir) -> list[str]:
+    return ["--config", f"{REPO}/recipes/specialisation/fig12_mnist_forgetting.yaml",
+            f"--data.init_args.data_dir={data_dir}", "--data.init_args.steps=[10,10]", "--data.init_args.num_test=200",
+            "--data.init_args.digit_draws=1", "--data.init_args.batch_size=16", "--model.init_args.hidden=16",
+            "--trainer.callbacks.init_args.every_n_steps=3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_everywhere():
+    """One thread in this process and in the killed subprocesses, so that every part of a run
+    does its float arithmetic in the same order (tiny networks gain nothing from threads)."""
+    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(before)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
+def stop_then_resume(folder, args, stop: int, reference):
+    fit(folder, *args, f"--trainer.max_steps={stop}")
+    ckpt = folder / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert checkpoint_step(ckpt) == stop  # saved mid-epoch, where max_steps stopped it
+    run = fit(folder, *args, "--ckpt_path", "last")
+    assert not (folder / "lightning_logs/version_1").exists()  # resumed into its own folder
+    assert_same_run(reference, run, stop_step=stop)
+    return run
+
+
+def kill_then_resume(folder, args, reference, switch: int):
+    step = fit_killed(folder, *args)
+    assert 0 < step < switch  # killed in task 1: the resumed run crosses the switch
+    run = fit(folder, *args, "--ckpt_path", "last")
+    assert_same_run(reference, run)
+    return run
+
+
+# -- MultiHeadStudent on TeacherStudent ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ode_reference(tmp_path_factory):
+    run = fit(tmp_path_factory.mktemp("ode_full"), *ODE)
+    assert checkpoint_step(run / "checkpoints/last.ckpt") == 4000
+    return run
+
+
+@pytest.mark.parametrize("stop", [1300, 2700])  # before the switch (2000) and after it
+def test_ode_vs_simulation_stopped_by_max_steps(ode_reference, tmp_path, stop):
+    run = stop_then_resume(tmp_path, ODE, stop, ode_reference)
+    # the resumed run trained to the end of the schedule (the reported bug stopped at 2700)
+    assert checkpoint_step(run / "checkpoints/last.ckpt") == 4000
+    assert {"theory_overlay", "order_parameters"} <= set(p.stem.split("_1")[0] for p in run.glob("*.png"))
+
+
+def test_ode_vs_simulation_killed(ode_reference, tmp_path):
+    kill_then_resume(tmp_path, ODE, ode_reference, switch=2000)
+
+
+@pytest.fixture(scope="module")
+def fig6_reference(tmp_path_factory):
+    return fit(tmp_path_factory.mktemp("fig6_full"), *FIG6)
+
+
+def test_fig6_forgetting_profile_stopped_before_the_switch(fig6_reference, tmp_path):
+    stop_then_resume(tmp_path, FIG6, 750, fig6_reference)
+
+
+def test_fig6_forgetting_profile_stopped_after_the_switch(fig6_reference, tmp_path):
+    # the errors at the switch were recorded by the first part: the profile needs them
+    run = stop_then_resume(tmp_path, FIG6, 1250, fig6_reference)
+    assert (run / "forgetting_profile_1.png").is_file()
+
+
+@pytest.mark.slow
+def test_fig6_forgetting_profile_killed(fig6_reference, tmp_path):
+    kill_then_resume(tmp_path, FIG6, fig6_reference, switch=1000)
+
+
+@pytest.fixture(scope="module")
+def fig7_reference(tmp_path_factory):
+    return fit(tmp_path_factory.mktemp("fig7_full"), *FIG7)
+
+
+@pytest.mark.parametrize("stop", [400, 600, 800])  # before the switch, at it (EWC anchors next), after it
+def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop):
+    run = stop_then_resume(tmp_path, FIG7, stop, fig7_reference)
+    ref = torch.load(fig7_reference / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert int(ref["state_dict"]["ewc.consolidations"]) == 1  # the penalty was on in task 2
+    got = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert int(got["state_dict"]["ewc.consolidations"]) == 1  # anchored once, not again after the resume
+
+
+# -- MultiHeadClassifier on MNISTContinual ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mnist_dir(tmp_path_factory):
+    from test_mnist_continual import tiny_mnist
+
+    return tiny_mnist(tmp_path_factory.mktemp("mnist"))
+
+
+@pytest.fixture(scope="module")
+def fig12_reference(tmp_path_factory, mnist_dir):
+    return fit(tmp_path_factory.mktemp("fig12_full"), *fig12(mnist_dir))
+
+
+@pytest.mark.parametrize("stop", [7, 13])  # before the switch (10) and after it
+def test_fig12_mnist_stopped_by_max_steps(fig12_reference, mnist_dir, tmp_path, stop):
+    run = stop_then_resume(tmp_path, fig12(mnist_dir), stop, fig12_reference)
+    assert (run / "forgetting_vs_shared_1.png").is_file() and (run / "forgetting_members_1.csv").is_file()
+    assert (run / "forgetting_members_1.csv").read_bytes() == (fig12_reference / "forgetting_members.csv").read_bytes()
+
+
+def test_fig12_mnist_killed(fig12_reference, mnist_dir, tmp_path):
+    kill_then_resume(tmp_path, fig12(mnist_dir), fig12_reference, switch=10)
+
+
+def test_a_changed_stream_is_refused(ode_reference, tmp_path):
+    """Resuming with other data settings would train a different run: a one-line error instead."""
+    fit(tmp_path, *ODE, "--trainer.max_steps=1300")
+    with pytest.raises(Exception, match="steps_per_batch|stream") as err:
+        fit(tmp_path, *ODE, "--data.init_args.steps_per_batch=200", "--ckpt_path", "last")
+    assert "\n" not in str(err.value)
