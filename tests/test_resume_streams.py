@@ -6,8 +6,12 @@ and after the switch) or killed with SIGKILL after its first mid-run checkpoint,
 --ckpt_path last: weights, scalars and figures equal the uninterrupted run's, bit for bit."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed
@@ -116,6 +120,31 @@ def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop):
     assert int(ref["state_dict"]["ewc.consolidations"]) == 1  # the penalty was on in task 2
     got = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert int(got["state_dict"]["ewc.consolidations"]) == 1  # anchored once, not again after the resume
+
+
+class KeepCheckpoint(pl.Callback):
+    """Copies ``last.ckpt`` as it was at ``step`` to ``kept.ckpt``. Put back after the run, the run
+    folder is that of a run killed later than that checkpoint: it holds what it logged after it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # runs before RunCheckpoint's save of this batch: last.ckpt still holds an earlier step
+        ckpt = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
+        if ckpt.exists() and not ckpt.with_name("kept.ckpt").exists() and checkpoint_step(ckpt) == self.step:
+            shutil.copy(ckpt, ckpt.with_name("kept.ckpt"))
+
+
+def test_fig7_killed_after_the_checkpoint_at_the_switch(fig7_reference, tmp_path):
+    """The EWC anchors (and their logged summary) belong to the checkpoint at the switch: a run killed
+    after it and resumed neither anchors twice nor logs ewc/fisher/* twice at the switch."""
+    keep = json.dumps({"class_path": "test_resume_streams.KeepCheckpoint", "init_args": {"step": 600}})
+    fit(tmp_path, *FIG7, f"--trainer.callbacks+={keep}")
+    ckpts = tmp_path / "lightning_logs/version_0/checkpoints"
+    shutil.move(ckpts / "kept.ckpt", ckpts / "last.ckpt")
+    run = fit(tmp_path, *FIG7, "--ckpt_path", "last")
+    assert_same_run(fig7_reference, run)
 
 
 # -- MultiHeadClassifier on MNISTContinual ------------------------------------------------------------
