@@ -345,7 +345,7 @@ class MultiHeadStudent(pl.LightningModule):
             metrics["ewc/penalty"] = pen.mean()
             if 1 < self.ensemble <= MAX_MEMBER_TAGS:
                 metrics |= {f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)}
-        self._log_at_sgd_step(metrics, S)
+        self._log_at_sgd_step(metrics)
         self._end_of_task(task)
         return {"member_loss": losses.detach()}
 
@@ -378,19 +378,17 @@ class MultiHeadStudent(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._task_ended = checkpoint.get("task_ended")
 
-    def _log_at_sgd_step(self, metrics: dict[str, Tensor], n: int) -> None:
+    def _log_at_sgd_step(self, metrics: dict[str, Tensor]) -> None:
         """Write ``metrics`` to the loggers at ``global_step`` (SGD steps, the step of every zoo
-        callback) when the batch's ``n`` steps crossed a multiple of ``log_every_n_steps``.
+        callback), on the batches where ``self.log`` would (every ``log_every_n_steps`` batches).
 
         ``self.log`` would write at Lightning's batch count, a second time axis: a run resumed
         from a checkpoint at SGD step ``s`` drops what a killed run logged after ``s`` (TensorBoard
         purge), which on the batch axis is not what came after the checkpoint."""
-        if self._trainer is None or not self.trainer.loggers:
+        if self._trainer is None or not self.trainer.loggers or not self.trainer._logger_connector.should_update_logs:
             return
-        every, g = self.trainer.log_every_n_steps, self.global_step
-        if every and g // every > (g - n) // every:
-            for lg in self.trainer.loggers:
-                lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=g)
+        for lg in self.trainer.loggers:
+            lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.global_step)
 
     def on_task_switch(self, old: int, new: int) -> None:
         """Called with the weights at the end of task ``old``, before any step of task ``new``
