@@ -18,7 +18,7 @@ from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_kill
 
 ODE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml", "--data.init_args.num_steps=4000",
        "--data.init_args.switch_step=2000", "--data.init_args.d=100", "--model.init_args.d=100",
-       "--data.init_args.steps_per_batch=100", "--data.init_args.num_test=500"]
+       "--data.init_args.steps_per_batch=300", "--data.init_args.num_test=500"]
 FIG6 = ["--config", f"{REPO}/recipes/specialisation/fig6_forgetting_vs_similarity.yaml",
         "--data.init_args.num_steps=2000", "--data.init_args.switch_step=1000", "--data.init_args.d=100",
         "--model.init_args.d=100", "--data.init_args.steps_per_batch=250", "--data.init_args.num_test=100"]
@@ -76,12 +76,26 @@ def ode_reference(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("stop", [1300, 2700])  # before the switch (2000) and after it
+def images(run: Path) -> dict[str, list[int]]:
+    """The steps of every image in the run's TensorBoard events (after a resume's purge)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run), size_guidance={"images": 0})
+    acc.Reload()
+    return {tag: [e.step for e in acc.Images(tag)] for tag in acc.Tags()["images"]}
+
+
+# chunks of 300 steps: the first batch after a stop at 900 crosses 1000, where TheoryOverlay (every
+# 500) and OrderParameters (every 1000) are due, as in the uninterrupted run
+@pytest.mark.parametrize("stop", [900, 2600])  # before the switch (2000) and after it
 def test_ode_vs_simulation_stopped_by_max_steps(ode_reference, tmp_path, stop):
     run = stop_then_resume(tmp_path, ODE, stop, ode_reference)
-    # the resumed run trained to the end of the schedule (the reported bug stopped at 2700)
+    # the resumed run trained to the end of the schedule (the reported bug stopped early)
     assert checkpoint_step(run / "checkpoints/last.ckpt") == 4000
     assert {"theory_overlay", "order_parameters"} <= set(p.stem.split("_1")[0] for p in run.glob("*.png"))
+    expected = images(ode_reference)
+    assert expected["Q/member0"] == [0]  # the recipe's images_every_n_steps (10000): only at the start
+    assert images(run) == expected
 
 
 def test_ode_vs_simulation_killed(ode_reference, tmp_path):
