@@ -238,6 +238,13 @@ class MultiHeadClassifier(pl.LightningModule):
         task = int(batch["task"])
         if not 0 <= task < self.n_tasks:
             raise ValueError(f"{type(self).__name__}: batch task {task} but the classifier has {self.n_tasks} heads")
+        # a batch that names its SGD step must be the run's next one: a resumed run that continued its
+        # stream elsewhere would train a different run
+        if (self._trainer is not None and "step" in batch and self.trainer.current_epoch == 0
+                and self.trainer.accumulate_grad_batches == 1
+                and int(batch["step"]) != self.global_step):
+            raise RuntimeError(f"{type(self).__name__}: the batch is for SGD step {int(batch['step'])} but the run is "
+                               f"at step {self.global_step}; the data stream and the checkpoint do not match")
         if task != int(self.task):
             self.on_task_switch(int(self.task), task)
             self.task.fill_(task)
