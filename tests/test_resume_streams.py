@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed
+from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed, scalars
 
 ODE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml", "--data.init_args.num_steps=4000",
        "--data.init_args.switch_step=2000", "--data.init_args.d=400", "--model.init_args.d=400",
@@ -191,6 +191,21 @@ def test_fig12_mnist_stopped_by_max_steps(fig12_reference, mnist_dir, tmp_path, 
 
 def test_fig12_mnist_killed(fig12_reference, mnist_dir, tmp_path):
     kill_then_resume(tmp_path, fig12(mnist_dir), fig12_reference, switch=10)
+
+
+@pytest.mark.slow
+def test_fig12_ewc_killed_after_the_checkpoint_at_the_switch(mnist_dir, tmp_path_factory):
+    """As for the student (fig7): the classifier anchors EWC inside the switch's last batch."""
+    args = [*fig12(mnist_dir), '--model.init_args.ewc={"xi": 1.0, "samples": 20}']
+    reference = fit(tmp_path_factory.mktemp("fig12_ewc_full"), *args)
+    folder = tmp_path_factory.mktemp("fig12_ewc_killed")
+    keep = json.dumps({"class_path": "test_resume_streams.KeepCheckpoint", "init_args": {"step": 10}})
+    fit(folder, *args, f"--trainer.callbacks+={keep}")
+    ckpts = folder / "lightning_logs/version_0/checkpoints"
+    shutil.move(ckpts / "kept.ckpt", ckpts / "last.ckpt")
+    run = fit(folder, *args, "--ckpt_path", "last")
+    assert_same_run(reference, run)
+    assert [s for s, _ in scalars(run)["ewc/fisher/mean"]] == [10]  # anchored once, at the switch
 
 
 def test_a_changed_stream_is_refused(tmp_path):
