@@ -251,6 +251,8 @@ class MultiHeadClassifier(pl.LightningModule):
             if self._task_ended != int(self.task):  # a datamodule without task_at: at the new task's first step
                 self._switch_step = self.global_step
                 self.on_task_switch(int(self.task), task)
+            if self.ewc is not None and self.ewc.active:  # before the first step on the penalty
+                self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
             self.task.fill_(task)
         losses = self.member_loss(batch["x"], batch["y"], task)
         check_finite(losses, step=self.global_step, labels=self.labels,
@@ -299,7 +301,6 @@ class MultiHeadClassifier(pl.LightningModule):
         x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
         F = self.fisher_W(x.to(self.W.device), y.to(self.W.device), old, mode=self.ewc_config.fisher)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
         for lg in self.trainer.loggers:
             lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self._switch_step)
 
