@@ -100,6 +100,10 @@ class RunCheckpoint(ModelCheckpoint):
     def _save_last(self, trainer: pl.Trainer) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
+        # what was logged up to this checkpoint reaches the disk first: callbacks write to the loggers
+        # directly (no flush), and a run killed after the checkpoint must not lose what it covers
+        for logger in trainer.loggers:
+            logger.save()
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
