@@ -216,3 +216,29 @@ def test_a_changed_stream_is_refused(tmp_path):
         fit(tmp_path, *ODE, "--data.init_args.steps_per_batch=100", "--ckpt_path", "last")
     assert "\n" not in str(err.value)
     assert checkpoint_step(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt") == 900  # nothing trained
+
+
+def test_schedule_loader_saves_where_it_stopped_and_keeps_the_schedule_length():
+    """The loader state Lightning checkpoints: the next chunk handed out, restored where it stopped;
+    the length stays the whole schedule (a resumed epoch must not end early)."""
+    from types import SimpleNamespace
+
+    from datamodules import TeacherStudent
+
+    def loader(step: int):
+        dm = TeacherStudent(d=20, num_steps=1000, switch_step=500, steps_per_batch=100, num_test=10)
+        dm.trainer = SimpleNamespace(global_step=step)  # where a resumed run's training step is
+        return dm.train_dataloader()
+
+    first = loader(0)
+    it = iter(first)
+    seen = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    assert state["next_batch"] == 3 and len(first) == 10
+    resumed = loader(300)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(resumed) == 10 and [int(b["step"]) for b in rest] == list(range(300, 1000, 100))
+    assert torch.equal(rest[0]["x"], list(loader(0))[3]["x"]) and not torch.equal(rest[0]["x"], seen[0]["x"])
+    with pytest.raises(ValueError, match="stopped before batch 3 but its training step says batch 4"):
+        loader(400).load_state_dict(state)
