@@ -1,7 +1,7 @@
 """Exact resume of the streamed families across the task switch: MultiHeadStudent on
 TeacherStudent (ode_vs_simulation: TheoryOverlay, OrderParameters, Entropies; fig6: ForgettingProfile;
 fig7: EWC anchored at the switch, ErrorCurves) and MultiHeadClassifier on MNISTContinual (fig12:
-TaskForgetting, on tiny IDX files written here). Each run is stopped by a smaller max_steps (before
+TaskForgetting, on tiny IDX files from test_mnist_continual.tiny_mnist). Each run is stopped by a smaller max_steps (before
 and after the switch) or killed with SIGKILL after its first mid-run checkpoint, then resumed with
 --ckpt_path last: weights, scalars and figures equal the uninterrupted run's, bit for bit.
 Without the slow ones (-m "not slow"): a stop before the switch (student), at it and a kill after
@@ -133,7 +133,8 @@ def fig7_reference(tmp_path_factory):
 
 
 # before the switch, at it (EWC anchors at the end of its batch), after it
-@pytest.mark.parametrize("stop", [pytest.param(400, marks=pytest.mark.slow), 600, pytest.param(800, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("stop", [pytest.param(400, marks=pytest.mark.slow), 600,
+                                  pytest.param(800, marks=pytest.mark.slow)])
 def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop):
     run = stop_then_resume(tmp_path, FIG7, stop, fig7_reference)
     ref = torch.load(fig7_reference / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
