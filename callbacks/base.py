@@ -38,6 +38,8 @@ class PeriodicCallback(pl.Callback):
         # doing it again would add a second point at the same step
         if not resuming(trainer):
             self.on_due(trainer, pl_module, None)
+        else:  # the next due() counts from the checkpoint's step, as it did in the run that saved it
+            self._prev_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.due(trainer):

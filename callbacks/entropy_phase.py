@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.base import PeriodicCallback, output_path, warn_once
+from callbacks.base import PeriodicCallback, output_path, resuming, warn_once
 
 ENTROPIES = ("H_m", "H_Q", "H_h")
 """[S] Eq. 10: the aggregate (Fig. 5) first, then the unit and head entropies (Fig. 10)."""
@@ -249,8 +249,10 @@ class EntropyPhaseDiagram(PeriodicCallback):
 
     # -- recording ----------------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if resuming(trainer):  # due() counts from the checkpoint's step, as in the run that saved it
+            self._prev_step = trainer.global_step
         if self.intermediate:
-            self._record(trainer, pl_module)
+            self._record(trainer, pl_module)  # resumed: the checkpoint's record again, the same weights
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.intermediate and self.due(trainer):

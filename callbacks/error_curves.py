@@ -52,7 +52,17 @@ class ErrorCurves(PeriodicCallback):
         for key, what in ((self.group_by, "group_by"), (self.color_by, "color_by")):
             if key is not None and not all(key in parse_label(lbl) for lbl in labels):
                 raise ValueError(f"ErrorCurves: {what} = {key!r} is not a parameter in every member's label ({labels[:3]}...)")
-        self.steps, self.errors = [], []
+
+    # the curves so far are saved in checkpoints: a resumed fit draws the whole run, not its last part
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":  # before a checkpoint's state is restored
+            self.steps, self.errors = [], []
+
+    def state_dict(self) -> dict:
+        return {"steps": list(self.steps), "errors": list(self.errors)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.steps, self.errors = list(state_dict["steps"]), list(state_dict["errors"])
 
     def error(self, trainer, pl_module) -> torch.Tensor:
         return pl_module.task_errors(trainer.datamodule, self.source)

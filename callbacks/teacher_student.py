@@ -104,6 +104,14 @@ class OrderParameters(HistoryCallback):
         if stage == "fit":
             self._last_image = None
 
+    # when the images were last logged: a resumed fit keeps their schedule instead of starting it again
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "last_image": self._last_image}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._last_image = state_dict.get("last_image")
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "order_parameters")
         dm = _teacher_data(trainer, "OrderParameters")

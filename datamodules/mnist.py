@@ -41,8 +41,9 @@ The schedule trains task 1 for ``epochs[0]`` passes over task 1's training image
 for ``epochs[1]`` (``steps`` gives step counts directly); both are counted in steps of task 1's
 size, so every set trains the same number of steps. One Lightning epoch is the whole schedule:
 train with ``max_epochs: 1``. Each task's stream is a sequence of seeded permutations of its
-training images, so batch ``s`` is a function of ``(seed, s)`` only and a resumed run continues
-the stream exactly (the loader starts at the trainer's ``global_step``).
+training images, so batch ``s`` is a function of ``(seed, s)`` only; the loader is stateful
+(``datamodules.resumable.ScheduleLoader``), so a run resumed from a mid-epoch checkpoint
+continues the stream exactly where it stopped.
 
 **Evaluation.** ``test_set(task)`` gives the task's test images (the MNIST test split) with
 their labels, to measure task 1 while task 2 trains (forgetting); ``fisher_data(task, n)``
@@ -70,6 +71,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.mnist_files import load_mnist
+from datamodules.resumable import ScheduleLoader
 
 N_DIGITS, PER_TASK = 10, 5
 
@@ -83,16 +85,16 @@ def _seed(seed: int, *keys: int) -> int:
 
 
 class _Steps(Dataset):
-    """Batches ``start, start+1, ...`` of the schedule (one per SGD step)."""
+    """The batches of the schedule: item ``i`` is the batch of SGD step ``i``."""
 
-    def __init__(self, dm: "MNISTContinual", start: int) -> None:
-        self.dm, self.start = dm, start
+    def __init__(self, dm: "MNISTContinual") -> None:
+        self.dm = dm
 
     def __len__(self) -> int:
-        return self.dm.num_steps - self.start
+        return self.dm.num_steps
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
-        return self.dm.batch(self.start + i)
+        return self.dm.batch(i)
 
 
 class MNISTContinual(pl.LightningDataModule):
@@ -376,11 +378,17 @@ class MNISTContinual(pl.LightningDataModule):
             y = torch.stack([p[1] for p in parts]) if G > 1 else parts[0][1]
         return {"x": x, "y": y, "task": torch.tensor(task), "step": torch.tensor(step)}
 
+    def stream_fingerprint(self) -> dict:
+        """What decides the batches of the stream: a checkpoint saved with other values cannot be
+        continued exactly (``ScheduleLoader`` refuses it)."""
+        return {"seed": self.seed, "digits": self.digits, "shared": self.shared, "batch_size": self.batch_size,
+                "task_steps": self.task_steps, "permute_new": self.permute_new, "normalise": self.normalise}
+
     def train_dataloader(self) -> DataLoader:
         step = self.trainer.global_step if self.trainer is not None else 0
-        # batch_size=None: the dataset already yields whole batches
-        return DataLoader(_Steps(self, min(step, self.num_steps)), batch_size=None, shuffle=False,
-                          num_workers=self.num_workers)
+        # each item is a whole batch; a checkpoint's loader state (the next step) replaces the start
+        return ScheduleLoader(_Steps(self), type(self).__name__, self.stream_fingerprint(),
+                              min(step, self.num_steps), num_workers=self.num_workers)
 
     # -- evaluation -----------------------------------------------------------------------------------
     def _check_task(self, task: int, what: str) -> None:

@@ -19,23 +19,22 @@ set's labels. ``zoo.MultiHeadStudent`` replicates each of its initialisations on
 Batches are chunks of ``steps_per_batch`` SGD steps of ``batch_size`` samples each (online SGD:
 ``batch_size = 1``), as a dict ``{"x": (S, B, d), "y": (S, B, G), "task": ()}`` with the labels
 of the active task. A chunk never straddles a task switch, and chunk ``k`` is drawn from its
-own seed, so the stream is the same however the run is split (a resumed run continues it
-exactly: the loader starts at the trainer's ``global_step``). One epoch is the whole
-schedule: train with ``max_epochs: 1``.
+own seed, so the stream is the same however the run is split. One epoch is the whole schedule:
+train with ``max_epochs: 1``. The loader is stateful (``datamodules.resumable.ScheduleLoader``):
+a mid-epoch checkpoint stores the next chunk, and a resumed run continues the stream there,
+exactly; a checkpoint of another schedule (seed, sizes, switches) is refused.
 """
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Iterator, Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
-# the stream is read in the main process (num_workers=0), where its length is exact
-warnings.filterwarnings("ignore", message=r".*Your `IterableDataset` has `__len__` defined.*")
+from datamodules.resumable import ScheduleLoader
 
 Activation = Literal["erf", "relu", "sigmoid", "linear"]
 
@@ -58,18 +57,17 @@ def _chunk_seed(seed: int, k: int) -> int:
     return (int(seed) * 1_000_003 + 7919 * (k + 1)) % (2**63 - 1)
 
 
-class _Stream(IterableDataset):
-    """Chunks of the SGD schedule from chunk ``start``: one pass is (the rest of) one epoch."""
+class _Chunks(Dataset):
+    """The chunks of the SGD schedule: item ``k`` is chunk ``k``; one pass is one epoch."""
 
-    def __init__(self, dm: "TeacherStudent", start: int) -> None:
-        self.dm, self.start = dm, start
+    def __init__(self, dm: "TeacherStudent") -> None:
+        self.dm = dm
 
     def __len__(self) -> int:
-        return len(self.dm.chunks) - self.start
+        return len(self.dm.chunks)
 
-    def __iter__(self) -> Iterator[dict[str, Tensor]]:
-        for k in range(self.start, len(self.dm.chunks)):
-            yield self.dm.chunk(k)
+    def __getitem__(self, k: int) -> dict[str, Tensor]:
+        return self.dm.chunk(k)
 
 
 class TeacherStudent(pl.LightningDataModule):
@@ -280,6 +278,15 @@ class TeacherStudent(pl.LightningDataModule):
                 f"(chunks start at multiples of steps_per_batch = {self.steps_per_batch} and at the switches)")
         return starts.index(step)
 
+    def stream_fingerprint(self) -> dict[str, Any]:
+        """What decides the chunks of the stream: a checkpoint saved with other values cannot be
+        continued exactly (``ScheduleLoader`` refuses it)."""
+        return {"seed": self.seed, "d": self.d, "p_star": self.p_star, "n_tasks": self.n_tasks, "gamma": self.gammas,
+                "readout_similarity": self.readout_similarity, "activation": self.activation,
+                "teacher_head": self.teacher_head, "switch_step": self.switch_steps, "num_steps": self.num_steps,
+                "batch_size": self.batch_size, "steps_per_batch": self.steps_per_batch,
+                "num_samples": self.num_samples, "noise_std": self.noise_std}
+
     def train_dataloader(self) -> DataLoader:
-        # batch_size=None: the dataset already yields whole chunks
-        return DataLoader(_Stream(self, self._start_chunk()), batch_size=None, num_workers=0)
+        # each item is a whole chunk; a checkpoint's loader state (the next chunk) replaces the start
+        return ScheduleLoader(_Chunks(self), type(self).__name__, self.stream_fingerprint(), self._start_chunk())

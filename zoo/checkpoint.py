@@ -100,8 +100,8 @@ class RunCheckpoint(ModelCheckpoint):
     def _save_last(self, trainer: pl.Trainer) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
-        # points logged straight to the loggers (callbacks) may still sit in a writer's queue; a run
-        # killed after this save and resumed from it would lose them
+        # what was logged up to this checkpoint reaches the disk first: callbacks write to the loggers
+        # directly (no flush), and a run killed after the checkpoint must not lose what it covers
         for logger in trainer.loggers:
             logger.save()
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

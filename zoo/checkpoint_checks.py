@@ -42,10 +42,15 @@ def check_checkpoint(path: str | os.PathLike | None, model: nn.Module) -> None:
     ckpt = _load(path, where)
     stored = ckpt.get("hyper_parameters") or {}
     _check_class(stored.get("_class_path"), model, where)
-    problems = [f"model.init_args.{name} = {given!r} in the config but {saved!r} in the checkpoint"
-                for name, given, saved in hparam_conflicts(dict(getattr(model, "hparams", {})), stored)]
-    # differing settings explain differing shapes: name the settings, and the shapes only without them
-    problems = problems or _shape_conflicts(ckpt["state_dict"], model)
+    # sizes a module learns from the data at setup (this check runs before setup) are not the config's
+    learnt = set(getattr(model, "hparams_from_data", ()))
+    given = {k: v for k, v in dict(getattr(model, "hparams", {})).items() if k not in learnt}
+    problems = [f"model.init_args.{name} = {value!r} in the config but {saved!r} in the checkpoint"
+                for name, value, saved in hparam_conflicts(given, stored)]
+    # the settings decide the shapes (some only at setup): the shapes are compared only for a
+    # checkpoint that has no settings
+    if not stored:
+        problems = _shape_conflicts(ckpt["state_dict"], model)
     if problems:
         more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
         raise CheckpointMismatch(f"{where}: " + "; ".join(problems[:3]) + more + " (give the checkpoint's "

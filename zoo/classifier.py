@@ -76,6 +76,9 @@ class MultiHeadClassifier(pl.LightningModule):
         data_sets: set at setup from the datamodule's ``data_sets`` (stored for checkpoints).
     """
 
+    # hyperparameters set from the datamodule at setup, not by the config (zoo.checkpoint_checks)
+    hparams_from_data: tuple[str, ...] = ("data_sets",)
+
     def __init__(
         self,
         n_in: int = 784,
@@ -118,6 +121,8 @@ class MultiHeadClassifier(pl.LightningModule):
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0))
         self.heads = nn.Parameter(heads.float().repeat_interleave(self.G, 0))  # (E, T, C, H)
         self.register_buffer("task", torch.tensor(0))
+        self._task_ended: int | None = None  # the task whose end on_task_switch has handled last
+        self._switch_step = 0  # the step at which on_task_switch logs
         self.ewc_config = ewc
         self.ewc = self._ewc_state()
 
@@ -242,8 +247,19 @@ class MultiHeadClassifier(pl.LightningModule):
         task = int(batch["task"])
         if not 0 <= task < self.n_tasks:
             raise ValueError(f"{type(self).__name__}: batch task {task} but the classifier has {self.n_tasks} heads")
+        # a batch that names its SGD step must be the run's next one: a resumed run that continued its
+        # stream elsewhere would train a different run
+        if (self._trainer is not None and "step" in batch and self.trainer.current_epoch == 0
+                and self.trainer.accumulate_grad_batches == 1
+                and int(batch["step"]) != self.global_step):
+            raise RuntimeError(f"{type(self).__name__}: the batch is for SGD step {int(batch['step'])} but the run is "
+                               f"at step {self.global_step}; the data stream and the checkpoint do not match")
         if task != int(self.task):
-            self.on_task_switch(int(self.task), task)
+            if self._task_ended != int(self.task):  # a datamodule without task_at: at the new task's first step
+                self._switch_step = self.global_step
+                self.on_task_switch(int(self.task), task)
+            if self.ewc is not None and self.ewc.active:  # before the first step on the penalty
+                self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
             self.task.fill_(task)
         losses = self.member_loss(batch["x"], batch["y"], task)
         check_finite(losses, step=self.global_step, labels=self.labels,
@@ -258,16 +274,42 @@ class MultiHeadClassifier(pl.LightningModule):
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses.detach())})
         return total
 
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self._end_of_task(int(self.task), self.global_step + 1)  # global_step counts this update after the hook
+
+    def _end_of_task(self, task: int, step: int) -> None:
+        """After the last update of a task (the datamodule's ``task_at(step)`` is another), call
+        :meth:`on_task_switch` inside the batch: a checkpoint taken at the switch then holds its
+        work (EWC anchors, their logged summary), and a run resumed from it neither repeats it nor
+        logs its points twice."""
+        dm = getattr(self.trainer, "datamodule", None)
+        task_at, end = getattr(dm, "task_at", None), getattr(dm, "num_steps", None)
+        if not callable(task_at) or end is None or step >= end:
+            return
+        new = int(task_at(step))
+        if new != task:
+            self._switch_step = step
+            self.on_task_switch(task, new)
+            self._task_ended = task
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["task_ended"] = self._task_ended
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._task_ended = checkpoint.get("task_ended")
+
     def on_task_switch(self, old: int, new: int) -> None:
-        """At the first step of task ``new``: consolidate task ``old`` for EWC if configured."""
+        """With the weights after the last update of task ``old`` (at the end of its last batch
+        when the datamodule has ``task_at``, else at the first step of ``new``): consolidate task
+        ``old`` for EWC if configured; logged at the switch's step."""
         if self.ewc is None or not self.ewc_config.consolidates(old, self.n_tasks):
             return
         x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
         F = self.fisher_W(x.to(self.W.device), y.to(self.W.device), old, mode=self.ewc_config.fisher)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
         for lg in self.trainer.loggers:
-            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.global_step)
+            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self._switch_step)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

@@ -120,6 +120,9 @@ class MultiHeadStudent(pl.LightningModule):
             setup from the datamodule (stored so that checkpoints reload); leave at 1.
     """
 
+    # hyperparameters set from the datamodule at setup, not by the config (zoo.checkpoint_checks)
+    hparams_from_data: tuple[str, ...] = ("teacher_sets",)
+
     def __init__(
         self,
         d: int = 1000,
@@ -161,6 +164,7 @@ class MultiHeadStudent(pl.LightningModule):
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
         self.h = nn.Parameter(heads[:, :, 0].float().repeat_interleave(self.G, 0), requires_grad=False)
         self.register_buffer("task", torch.tensor(0))
+        self._task_ended: int | None = None  # the task whose end on_task_switch has handled last
         self._remember_init()
         self.ewc_config = ewc
         self.ewc = self._ewc_state()
@@ -326,27 +330,74 @@ class MultiHeadStudent(pl.LightningModule):
             raise ValueError(f"{type(self).__name__}: batch task {task} but the student has {self.n_tasks} heads")
         S = x.shape[0]
         y = y.to(self.W.dtype)[..., self.teacher_index % y.shape[-1]]  # (S, B, E)
-        if task != int(self.task):
-            self.on_task_switch(int(self.task), task)
+        self._check_stream_position(batch)
+        if task != int(self.task) and self._task_ended != int(self.task):
+            self.on_task_switch(int(self.task), task)  # a datamodule without task_at: at the new task's first step
         self.task.fill_(task)
         Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
         losses = 0.5 * Delta.pow(2).mean((0, 1))
         check_finite(losses, step=self.global_step, labels=self.labels,
                      hint=f"eta = {self.eta} is probably too large (online SGD needs eta of order 1 or less).")
         self._advance_global_step(S)
-        self.log("loss", losses.mean(), prog_bar=True)
+        self.log("loss", losses.mean(), prog_bar=True, logger=False)
+        metrics = {"loss": losses.mean()}
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses)})
+            metrics |= {f"loss/{lbl}": l for lbl, l in zip(self.labels, losses)}
         if self.ewc is not None and self.ewc.active:
             pen = self.ewc.member_penalty({"W": self.W.detach()})
-            self.log("ewc/penalty", pen.mean())
+            metrics["ewc/penalty"] = pen.mean()
             if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-                self.log_dict({f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)})
+                metrics |= {f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)}
+        self._log_at_sgd_step(metrics)
+        self._end_of_task(task)
         return {"member_loss": losses.detach()}
 
+    def _check_stream_position(self, batch: dict[str, Tensor]) -> None:
+        """A batch that says which SGD step it starts at must start at ``global_step``: otherwise a
+        resumed run would continue its stream at another place, i.e. train a different run."""
+        if self._trainer is None or "step" not in batch or self.trainer.current_epoch > 0:
+            return
+        if int(batch["step"]) != self.global_step:
+            raise RuntimeError(f"{type(self).__name__}: the batch starts at SGD step {int(batch['step'])} but the run "
+                               f"is at step {self.global_step}; the data stream and the checkpoint do not match")
+
+    def _end_of_task(self, task: int) -> None:
+        """At the last batch of a task (the datamodule's ``task_at`` says the next step trains
+        another), call :meth:`on_task_switch` now, inside the batch: a checkpoint taken at the switch
+        then holds its work (EWC anchors, their logged summary), and a run resumed from it neither
+        repeats it nor logs its points twice."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        task_at, end = getattr(dm, "task_at", None), getattr(dm, "num_steps", None)
+        if not callable(task_at) or end is None or self.global_step >= end:
+            return
+        new = int(task_at(self.global_step))
+        if new != task:
+            self.on_task_switch(task, new)
+            self._task_ended = task
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["task_ended"] = self._task_ended
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._task_ended = checkpoint.get("task_ended")
+
+    def _log_at_sgd_step(self, metrics: dict[str, Tensor]) -> None:
+        """Write ``metrics`` to the loggers at ``global_step`` (SGD steps, the step of every zoo
+        callback), on the batches where ``self.log`` would (every ``log_every_n_steps`` batches).
+
+        ``self.log`` would write at Lightning's batch count, a second time axis: a run resumed
+        from a checkpoint at SGD step ``s`` drops what a killed run logged after ``s`` (TensorBoard
+        purge), which on the batch axis is not what came after the checkpoint."""
+        if self._trainer is None or not self.trainer.loggers or not self.trainer._logger_connector.should_update_logs:
+            return
+        for lg in self.trainer.loggers:
+            lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.global_step)
+
     def on_task_switch(self, old: int, new: int) -> None:
-        """Called at the first step of task ``new``, with the weights at the end of task ``old``:
-        consolidates ``old`` for EWC if configured. Override to add behaviour at a switch."""
+        """Called with the weights at the end of task ``old``, before any step of task ``new``
+        (at the end of ``old``'s last batch when the datamodule has ``task_at``, else at the start
+        of ``new``'s first): consolidates ``old`` for EWC if configured. Override to add behaviour
+        at a switch."""
         if self.ewc is None or not self.ewc_config.consolidates(old, self.n_tasks):
             return
         x, y = self.trainer.datamodule.sample(old, self.ewc_config.samples)

@@ -188,6 +188,9 @@ class BetaVAE(_OwnNoise, pl.LightningModule):
         seed: seed of the initial weights (independent of the global seed).
     """
 
+    # hyperparameters set from the datamodule at setup, not by the config (zoo.checkpoint_checks)
+    hparams_from_data: tuple[str, ...] = ("image_shape",)
+
     def __init__(
         self,
         latent_dim: int = 10,
@@ -350,6 +353,9 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
     ``member_class`` (a class attribute) is the model each member is: a subclass of this sweep
     that sets it sweeps a variant.
     """
+
+    # hyperparameters set from the datamodule at setup, not by the config (zoo.checkpoint_checks)
+    hparams_from_data: tuple[str, ...] = ("image_shape",)
 
     member_class: ClassVar[type[BetaVAE]] = BetaVAE
 
