@@ -34,7 +34,7 @@ CASES = {
     # DeepLinearNet on a PathwayGrid: PhaseDiagram at the end
     "phase": ["--config", f"{R}/specialisation/phase_diagram.yaml", "--trainer.max_steps=600"],
 }
-STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "ntk": 150, "phase": 250}
+STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "ntk": 150, "phase": 300}  # phase: 100 steps per batch
 TOTAL = {"fig2": 20, "fig4": 20, "fig6": 20, "fig8": 20, "ntk": 400, "phase": 600}
 
 
