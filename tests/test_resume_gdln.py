@@ -51,7 +51,16 @@ def references(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# a few cases run by default (under ~40 s together); every case runs with -m slow
+FAST_STOP = {"fig6", "fig8", "ntk"}
+FAST_KILL = {"fig2"}
+
+
+def _cases(fast: set[str]) -> list:
+    return [c if c in fast else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
+
+
+@pytest.mark.parametrize("case", _cases(FAST_STOP))
 def test_stop_by_max_steps_then_resume(case, references, tmp_path, one_thread):
     full = references(case)
     args = CASES[case]
@@ -64,7 +73,7 @@ def test_stop_by_max_steps_then_resume(case, references, tmp_path, one_thread):
     assert_same_run(full, run, stop_step=STOP[case])
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", _cases(FAST_KILL))
 def test_kill_then_resume(case, references, tmp_path):
     full = references(case)
     args = CASES[case]
