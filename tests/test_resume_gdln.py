@@ -29,13 +29,19 @@ CASES = {
              "--model.init_args.epochs_per_step=100", "--model.init_args.models", FIG6_SMALL],
     # ReLUNet: ActivationPatterns (trains a GDLN per k at the end), HiddenMDS
     "fig8": ["--config", f"{R}/haste_slowly/fig8_9_reln_discovery.yaml", "--trainer.max_steps=20", EPS],
+    # a GDLN on its own (no recipe trains one alone): the residual scheme, race and pathway modes
+    "gdln": ["--model=zoo.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_args.n_hidden=20",
+             "--model.init_args.training=residual", "--model.init_args.epochs_per_step=10",
+             '--model.init_args.init={"class_path": "zoo.init.Gaussian", "init_args": {"sigma": 0.001}}',
+             "--data=datamodules.contexts.Contexts", "--trainer.max_steps=20", "--trainer.max_epochs=-1",
+             "--trainer.callbacks+=callbacks.gdln.LossCurves", "--trainer.callbacks+=callbacks.gdln.PathwaySingularValues"],
     # DeepLinearNet: the NTK at initialisation must survive the resume
     "ntk": ["--config", f"{R}/lazy_rich/ntk_square.yaml", "--trainer.max_steps=400"],
     # DeepLinearNet on a PathwayGrid: PhaseDiagram at the end
     "phase": ["--config", f"{R}/specialisation/phase_diagram.yaml", "--trainer.max_steps=600"],
 }
-STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "ntk": 150, "phase": 300}  # phase: 100 steps per batch
-TOTAL = {"fig2": 20, "fig4": 20, "fig6": 20, "fig8": 20, "ntk": 400, "phase": 600}
+STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "gdln": 7, "ntk": 150, "phase": 300}  # phase: 100 steps per batch
+TOTAL = {"fig2": 20, "fig4": 20, "fig6": 20, "fig8": 20, "gdln": 20, "ntk": 400, "phase": 600}
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,10 @@ class RunCheckpoint(ModelCheckpoint):
     def _save_last(self, trainer: pl.Trainer) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
+        # what was logged up to this state goes to disk first: a run killed after the save resumes
+        # from here and does not log those points again (callbacks write to the loggers unflushed)
+        for logger in trainer.loggers:
+            logger.save()
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps

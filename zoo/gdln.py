@@ -384,7 +384,11 @@ class GDLN(FullBatchNet):
                 raise ValueError(f"GDLN: training = 'residual' needs a common pathway; gating {self.gating_name!r} has none")
             if self.gating.gates.dim() != 2:
                 raise ValueError("GDLN: training = 'residual' needs one set of gates (N, P) for all members")
-            self.register_buffer("y_common_limit", common_limit(X, Y, self.gating))  # float64: cast at use
+            # on the module's threads, as its training: BLAS sums in another order on another count,
+            # and a resumed run must find the same limit as the run it continues
+            with cpu_threads(self.num_threads if X.device.type == "cpu" else None):
+                limit = common_limit(X, Y, self.gating)
+            self.register_buffer("y_common_limit", limit)  # float64: cast at use
 
     def _two_loss(self) -> bool:
         return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
