@@ -35,13 +35,16 @@ CASES = {
              '--model.init_args.init={"class_path": "zoo.init.Gaussian", "init_args": {"sigma": 0.001}}',
              "--data=datamodules.contexts.Contexts", "--trainer.max_steps=20", "--trainer.max_epochs=-1",
              "--trainer.callbacks+=callbacks.gdln.LossCurves", "--trainer.callbacks+=callbacks.gdln.PathwaySingularValues"],
+    # shuffled minibatches of a regression task over an epoch budget: the stop falls mid-epoch
+    "minibatch": ["--config", f"{R}/quickstart.yaml", "--trainer.max_steps=-1", "--trainer.max_epochs=3",
+                  "--data.init_args.batch_size=3"],
     # DeepLinearNet: the NTK at initialisation must survive the resume
     "ntk": ["--config", f"{R}/lazy_rich/ntk_square.yaml", "--trainer.max_steps=400"],
     # DeepLinearNet on a PathwayGrid: PhaseDiagram at the end
     "phase": ["--config", f"{R}/specialisation/phase_diagram.yaml", "--trainer.max_steps=600"],
 }
-STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "gdln": 7, "ntk": 150, "phase": 300}  # phase: 100 steps per batch
-TOTAL = {"fig2": 20, "fig4": 20, "fig6": 20, "fig8": 20, "gdln": 20, "ntk": 400, "phase": 600}
+STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "gdln": 7, "minibatch": 40, "ntk": 150, "phase": 300}  # phase: 100 steps per batch
+TOTAL = {"fig2": 20, "fig4": 20, "fig6": 20, "fig8": 20, "gdln": 20, "minibatch": 90, "ntk": 400, "phase": 600}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def references(tmp_path_factory):
 
 
 # a few cases run by default (under ~40 s together); every case runs with -m slow
-FAST_STOP = {"fig6", "fig8", "ntk"}
+FAST_STOP = {"fig6", "fig8", "ntk", "minibatch"}
 FAST_KILL = {"fig2"}
 
 
@@ -87,3 +90,16 @@ def test_kill_then_resume(case, references, tmp_path):
     assert 0 < step < TOTAL[case]
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert_same_run(full, run)
+
+
+def test_epoch_shuffle_is_a_function_of_seed_and_epoch_and_skips_once():
+    from datamodules.regression import EpochShuffle
+
+    a, b = EpochShuffle(10, seed=3), EpochShuffle(10, seed=3)
+    b.set_epoch(1)
+    first, second = list(a), list(b)
+    assert sorted(first) == list(range(10)) and first != second
+    a.set_epoch(1)
+    assert list(a) == second  # epoch 1's order without drawing epoch 0's
+    a.skip = 4
+    assert list(a) == second[4:] and list(a) == second  # the skip applies to one pass
