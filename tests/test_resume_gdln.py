@@ -8,6 +8,8 @@ second or two; global_step counts chunks of ``epochs_per_step`` epochs for the G
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed
 
@@ -88,6 +90,9 @@ def test_kill_then_resume(case, references, tmp_path):
     args = CASES[case]
     step = fit_killed(tmp_path, *args)
     assert 0 < step < TOTAL[case]
+    # TensorBoard reads a folder's event files in name order, <seconds>.<host>.<pid>: a resume in the
+    # same second as the killed run's start would be read first (by pid) and its purge come too early
+    time.sleep(1.0)
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert_same_run(full, run)
 
