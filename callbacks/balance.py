@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback
+from callbacks.base import PeriodicCallback, resuming
 from callbacks.images import log_matrix
 
 
@@ -22,7 +22,8 @@ class Balance(PeriodicCallback):
         self.need(pl_module, "balance_deviation", "lam_estimate", "balance")
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._images(trainer, pl_module)
+        if not resuming(trainer):  # the first part of the run logged the initial balance
+            self._images(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._images(trainer, pl_module)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path, overlay_charts
+from callbacks.base import PeriodicCallback, output_path, overlay_charts, resuming
 from callbacks.figures import _plt, save_figure
 from zoo.theory import gdln as theory
 
@@ -91,11 +91,26 @@ class EpochLosses(pl.Callback):
         self.curves: dict[str, list[Tensor]] = {}
         self.record: "EpochLosses" = self
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a fresh record per fit; a checkpoint's is loaded after this
+            self.curves = {}
+
+    # the losses so far are the curves' first part after a resume: they live in the checkpoint
+    def state_dict(self) -> dict:
+        return {"curves": {name: torch.cat(parts) for name, parts in self.curves.items() if parts}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.curves = {name: [L] for name, L in state_dict["curves"].items()}
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not hasattr(pl_module, "epochs_per_step"):
             raise TypeError(f"{type(self).__name__} needs a zoo.gdln module; {type(pl_module).__name__} is not one")
-        self.curves = {name: [] for name in _models(pl_module)}
         self.record = next(c for c in trainer.callbacks if isinstance(c, EpochLosses))
+        recorded = sum(len(L) for L in self.curves.get(next(iter(_models(pl_module))), []))
+        if self.record is self and recorded != pl_module.epochs_done:
+            raise RuntimeError(f"{type(self).__name__}: the checkpoint holds {recorded} epochs of losses but the module "
+                               f"is at epoch {pl_module.epochs_done}; resume from a checkpoint of this run")
+        self.curves = {name: self.curves.get(name, []) for name in _models(pl_module)}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.record is not self:
@@ -150,8 +165,11 @@ class LossCurves(EpochLosses):
         if self.predict:
             dm = trainer.datamodule
             epochs = _total_epochs(trainer, pl_module)
+            # the grid holds every logged epoch, so the logged prediction does not depend on the run's length
+            every = max(d for d in range(1, self.every_n_epochs + 1)
+                        if self.every_n_epochs % d == 0 and d <= max(1, epochs // 2000))
             for name, m in _models(pl_module).items():
-                pred = predicted_loss(m, dm.X, dm.Y, epochs, record_every=max(1, epochs // 2000))
+                pred = predicted_loss(m, dm.X, dm.Y, epochs, record_every=every)
                 if pred is not None:
                     self.predictions[name] = pred
                 closed = closed_form_loss(m, dm, pred[0]) if self.closed_form and pred is not None else None
@@ -238,6 +256,26 @@ class PathwaySingularValues(PeriodicCallback):
         self.n_modes = n_modes
         self.history: dict[str, list] = {}
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a fresh record per fit; a checkpoint's is loaded after this
+            self.history = {}
+
+    def state_dict(self) -> dict:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = state_dict["history"]
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # the resumed run's TensorBoard starts at this epoch (zoo.gdln.save_log_step): log again
+        # what was recorded here before the checkpoint
+        epoch = pl_module.epochs_done
+        if resuming(trainer):
+            for name, m in self.gdlns.items():
+                if self.history[name] and self.history[name][-1][0] == epoch:
+                    self._log(trainer, name, m, epoch, self.history[name][-1][1])
+
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from zoo.gdln import GDLN
 
@@ -247,7 +285,8 @@ class PathwaySingularValues(PeriodicCallback):
         self.gdlns = {n: m for n, m in _models(pl_module).items() if isinstance(m, GDLN)}
         if not self.gdlns:
             raise TypeError("PathwaySingularValues needs a GDLN (or a Comparison holding one)")
-        self.modes, self.race, self.history = {}, {}, {n: [] for n in self.gdlns}
+        self.modes, self.race = {}, {}
+        self.history = {n: self.history.get(n, []) for n in self.gdlns}
         epochs = _total_epochs(trainer, pl_module)
         for name, m in self.gdlns.items():
             syx, _ = theory.effective_datasets(dm.X, dm.Y, m.gating)
@@ -265,16 +304,19 @@ class PathwaySingularValues(PeriodicCallback):
         epoch = pl_module.epochs_done
         for name, m in self.gdlns.items():
             U, V = self.modes[name]
-            sv = m.pathway_singular_values(U, V).mean(0)  # (P, k)
-            self.history[name].append((epoch, sv.cpu()))
-            t, pred = self.race[name]
-            i = int(torch.searchsorted(t, torch.tensor(epoch)).clamp(max=len(t) - 1))
-            metrics = {}
-            for p, pname in enumerate(m.gating.names):
-                for k in range(self.n_modes):
-                    metrics[f"pathway_sv/{name}/{pname}/mode{k}"] = float(sv[p, k])
-                    metrics[f"pathway_sv/{name}/{pname}/mode{k}_predicted"] = float(pred[i, p, k])
-            self.log_scalars(trainer, metrics, step=epoch)
+            sv = m.pathway_singular_values(U, V).mean(0).cpu()  # (P, k)
+            self.history[name].append((epoch, sv))
+            self._log(trainer, name, m, epoch, sv)
+
+    def _log(self, trainer: pl.Trainer, name: str, m, epoch: int, sv: Tensor) -> None:
+        t, pred = self.race[name]
+        i = int(torch.searchsorted(t, torch.tensor(epoch)).clamp(max=len(t) - 1))
+        metrics = {}
+        for p, pname in enumerate(m.gating.names):
+            for k in range(self.n_modes):
+                metrics[f"pathway_sv/{name}/{pname}/mode{k}"] = float(sv[p, k])
+                metrics[f"pathway_sv/{name}/{pname}/mode{k}_predicted"] = float(pred[i, p, k])
+        self.log_scalars(trainer, metrics, step=epoch)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or not self.history:

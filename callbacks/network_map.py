@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback
+from callbacks.base import PeriodicCallback, resuming
 from callbacks.images import log_matrix
 
 
@@ -21,7 +21,8 @@ class NetworkMap(PeriodicCallback):
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
-        if trainer.is_global_zero and dm is not None and callable(getattr(dm, "modes", None)):
+        # once per run: the first part of a resumed run logged it
+        if trainer.is_global_zero and not resuming(trainer) and dm is not None and callable(getattr(dm, "modes", None)):
             m = dm.modes()
             log_matrix(trainer, "map/target", dm.sigma_yx / m.c, title="target map sigma_yx / c")
 

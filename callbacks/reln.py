@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path, warn_once
+from callbacks.base import PeriodicCallback, output_path, resuming, warn_once
 from callbacks.figures import _plt, save_figure
 from callbacks.images import log_matrix
 from zoo import reln
@@ -97,6 +97,22 @@ class ActivationPatterns(pl.Callback):
         self.outputs: list[Tensor] = []
         self.result: dict = {}
 
+    @property
+    def state_key(self) -> str:
+        # one callback per layer (recipes/haste_slowly/fig6_depth.yaml): each keeps its own record
+        return self._generate_state_key(layer=self.layer, model=self.model, every_n_epochs=self.every_n_epochs)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a fresh record per fit; a checkpoint's is loaded after this
+            self._reset()
+
+    # the patterns recorded so far are part of what k-means clusters at the end: keep them
+    def state_dict(self) -> dict:
+        return {"epochs": self.epochs, "rows": self.rows, "outputs": self.outputs}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epochs, self.rows, self.outputs = (list(state_dict[k]) for k in ("epochs", "rows", "outputs"))
+
     def _record(self, net, X: Tensor, epoch: int) -> None:
         patterns = net.activation_patterns(X)
         self.rows.append(reln.pattern_rows(patterns[self.layer]).to(torch.uint8).cpu())
@@ -104,7 +120,6 @@ class ActivationPatterns(pl.Callback):
         self.epochs.append(epoch)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
         self.name, self.net = _network(pl_module, self.model, "ReLUNet")
         if not callable(getattr(self.net, "activation_patterns", None)):
             raise TypeError(f"ActivationPatterns needs a ReLUNet (activation_patterns()); {type(self.net).__name__} has none")
@@ -114,6 +129,11 @@ class ActivationPatterns(pl.Callback):
         if self.every_n_epochs < pl_module.epochs_per_step or self.every_n_epochs % pl_module.epochs_per_step:
             warn_once(f"ActivationPatterns: every_n_epochs = {self.every_n_epochs} is not a multiple of epochs_per_step = "
                       f"{pl_module.epochs_per_step}; patterns are recorded at the first step end past each multiple")
+        if resuming(trainer):  # the record up to the checkpoint came with it
+            if not self.epochs:
+                raise RuntimeError("ActivationPatterns: the checkpoint holds no recorded patterns for this callback "
+                                   f"(layer = {self.layer}); resume with the callbacks the run started with")
+            return
         self._record(self.net, trainer.datamodule.X.to(self.net.W[0].device), 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -223,8 +243,21 @@ class HiddenMDS(PeriodicCallback):
         self.layer, self.dim, self.model, self.max_panels = layer, dim, model, max_panels
         self.records: list[tuple[int, Tensor]] = []
 
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(layer=self.layer, model=self.model)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a fresh record per fit; a checkpoint's is loaded after this
+            self.records = []
+
+    def state_dict(self) -> dict:
+        return {"records": self.records}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.records = list(state_dict["records"])
+
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.records = []
         self.name, self.net = _network(pl_module, self.model, "ReLUNet")
         if not callable(getattr(self.net, "_forward", None)):
             raise TypeError(f"HiddenMDS needs a zoo.gdln network; {type(self.net).__name__} is not one")
@@ -237,21 +270,37 @@ class HiddenMDS(PeriodicCallback):
             raise ValueError(f"HiddenMDS: layer = {self.layer}; allowed: -{len(hidden)} .. {len(hidden) - 1}")
         return hidden[self.layer]
 
-    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
-        if not trainer.is_global_zero:
-            return
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # the resumed run's TensorBoard starts at this epoch (zoo.gdln.save_log_step): log again
+        # what was recorded here before the checkpoint
+        if resuming(trainer) and trainer.is_global_zero and self.records \
+                and self.records[-1][0] == _epochs_done(pl_module):
+            self._publish(trainer, *self._embed(trainer))
+
+    def _embed(self, trainer: pl.Trainer) -> tuple[Tensor, float]:
+        """The MDS coordinates (N, dim) and the share of the Gram spectrum they hold."""
         X = trainer.datamodule.X.to(self.net.W[0].device)
         D = reln.pairwise_distances(self.hidden(X)).mean(0).cpu()
         coords, evals = reln.classical_mds(D, self.dim)
-        epoch = _epochs_done(pl_module)
-        self.records.append((epoch, coords))
         pos = evals.clamp(min=0)
-        explained = float(pos[: self.dim].sum() / pos.sum()) if float(pos.sum()) > 0 else 0.0
-        self.log_scalars(trainer, {f"mds/{self.name}/explained": explained})
+        return coords, float(pos[: self.dim].sum() / pos.sum()) if float(pos.sum()) > 0 else 0.0
+
+    def _publish(self, trainer: pl.Trainer, coords: Tensor, explained: float) -> None:
+        # on the epoch axis, with the GDLN modules' other scalars
+        epoch = _epochs_done(trainer.lightning_module)
+        self.log_scalars(trainer, {f"mds/{self.name}/explained": explained}, step=epoch)
         img = self._render([(epoch, coords)], trainer.datamodule)
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):
-                lg.experiment.add_image(f"mds/{self.name}", img, trainer.global_step, dataformats="HWC")
+                lg.experiment.add_image(f"mds/{self.name}", img, epoch, dataformats="HWC")
+
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
+        if not trainer.is_global_zero:
+            return
+        coords, explained = self._embed(trainer)
+        self.records.append((_epochs_done(pl_module), coords))
+        self._publish(trainer, coords, explained)
 
     def _render(self, records: list[tuple[int, Tensor]], dm, path=None) -> np.ndarray | None:
         plt = _plt()

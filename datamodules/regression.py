@@ -12,12 +12,13 @@ descent, the papers' setting); ``batch_size`` switches to shuffled minibatches.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 
 class TaskModes(NamedTuple):
@@ -44,6 +45,48 @@ class RepeatedBatch(Dataset):
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         return self.X, self.Y
+
+
+class EpochShuffle(Sampler[int]):
+    """A fresh permutation of ``range(n)`` each epoch, drawn from ``(seed, epoch)`` alone, so any
+    epoch's order is known without replaying the ones before (Lightning calls ``set_epoch``).
+    ``skip`` samples are left out of the next pass only: the part of an epoch a checkpoint had
+    already trained on."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch, self.skip = n, seed, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        state = int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0])
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(state)).tolist()
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
+
+
+class ResumableLoader(DataLoader):
+    """Shuffled minibatches that resume mid-epoch: the checkpoint (Lightning saves the state of a
+    DataLoader that has ``state_dict``) holds how many batches of the epoch were trained on, and a
+    resumed run's first pass leaves them out. ``batches_done`` reads that count from the Trainer:
+    the loader itself has already drawn the batch Lightning fetches ahead."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, sampler: EpochShuffle,
+                 batches_done: Callable[[], int]) -> None:
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=False)
+        self._batches_done = batches_done
+
+    def state_dict(self) -> dict:
+        return {"batches_done": int(self._batches_done())}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        done = int(state_dict["batches_done"])
+        # a checkpoint at the end of an epoch resumes with the next one, from its start
+        self.sampler.skip = done * self.batch_size if done < len(self) else 0
 
 
 class LinearTask(pl.LightningDataModule):
@@ -113,8 +156,13 @@ class LinearTask(pl.LightningDataModule):
         X, Y = self._data()
         if self.batch_size is None:
             return DataLoader(RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
-        g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(TensorDataset(X, Y), batch_size=self.batch_size, shuffle=True, generator=g, drop_last=False)
+        return ResumableLoader(TensorDataset(X, Y), self.batch_size, EpochShuffle(X.shape[0], self.seed),
+                               batches_done=self._batches_done)
+
+    def _batches_done(self) -> int:
+        """Batches of the current epoch trained on (0 outside a fit)."""
+        trainer = getattr(self, "trainer", None)
+        return trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer is not None else 0
 
 
 def whiten(X: Tensor, variance: float = 1.0) -> Tensor:

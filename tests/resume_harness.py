@@ -65,6 +65,9 @@ def fit_killed(folder: Path, *args: str, sig: int = signal.SIGKILL, timeout: flo
     proc.stderr.close()
     expected = -signal.SIGKILL if sig == signal.SIGKILL else 143
     assert proc.returncode == expected, f"exit {proc.returncode}, expected {expected}:\n{err[-3000:]}"
+    # TensorBoard reads a folder's event files in name order, whose first key is the second they were
+    # opened in: the resumed part's file (which carries the purge) must come after the killed part's
+    time.sleep(1.05 - time.time() % 1.0)
     return checkpoint_step(ckpt)
 
 

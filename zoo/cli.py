@@ -164,12 +164,15 @@ def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
     import torch
 
     try:
-        step = int(torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+        step = int(ckpt["global_step"])
+        # a module that logs on an axis of its own (zoo.gdln: epochs) says where the resumed run logs first
+        purge_step = int(ckpt.get("log_step_resumed", step + 1))
     except Exception:  # an unreadable checkpoint is reported when Lightning loads it
         return
     # default_hp_metric=False: the first part of the run wrote the HPARAMS placeholder already
     trainer.logger = TensorBoardLogger(logger.save_dir, name=logger.name, version=folder.name,
-                                       default_hp_metric=False, purge_step=step + 1)
+                                       default_hp_metric=False, purge_step=purge_step)
     for cb in trainer.callbacks:
         if isinstance(cb, SaveConfigCallback):
             cb.config_filename = resumed_config_name(folder, step)

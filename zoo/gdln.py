@@ -54,6 +54,18 @@ def _outer(delta: Tensor, act: Tensor) -> Tensor:
     return delta.transpose(-1, -2) @ act
 
 
+def save_log_step(module: pl.LightningModule, checkpoint: dict) -> None:
+    """Record in ``checkpoint`` the TensorBoard step a run resumed from it logs first (the CLI purges
+    the events from there on: a killed run may have logged past its checkpoint).
+
+    These modules and their callbacks log on the epoch axis, ``epochs_done``, not at ``global_step``
+    (a chunk of epochs). The checkpoint after chunk g holds what was logged at epochs up to
+    ``g epochs_per_step``; the loss at that epoch is logged by the next chunk (it is the loss before
+    its first update), so the resumed run starts there and re-logs what a callback recorded at that
+    epoch after chunk g. ``zoo.cli`` reads the key ``log_step_resumed``."""
+    checkpoint["log_step_resumed"] = int(module.epochs_done)
+
+
 @contextmanager
 def cpu_threads(n: int | None):
     """Run the block with ``n`` intra-op CPU threads (None: leave torch's setting), then restore."""
@@ -129,6 +141,9 @@ class FullBatchNet(pl.LightningModule):
         for key, value in state.items():
             if not key.startswith("W.") and "." not in key and not hasattr(self, key):
                 self.register_buffer(key, torch.empty_like(value))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        save_log_step(self, checkpoint)
 
     def tau(self, N: int) -> float:
         """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
@@ -236,6 +251,8 @@ class FullBatchNet(pl.LightningModule):
                      hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
                      "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
         _advance(self)
+        # on the epoch axis, as the callbacks log (the loss before this chunk's first epoch)
+        self.log("step", float(first_epoch))
         self.log("loss", losses[0].mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
@@ -312,6 +329,7 @@ class GDLN(FullBatchNet):
         self.set_gating(datamodule.gating(self.gating_name))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.gating is not None:  # the gates are data, not weights: keep them for load_from_checkpoint
             g = self.gating
             checkpoint["gdln_gating"] = {"gates": g.gates, "inputs": g.inputs, "common": g.common, "names": list(g.names)}
@@ -366,7 +384,11 @@ class GDLN(FullBatchNet):
                 raise ValueError(f"GDLN: training = 'residual' needs a common pathway; gating {self.gating_name!r} has none")
             if self.gating.gates.dim() != 2:
                 raise ValueError("GDLN: training = 'residual' needs one set of gates (N, P) for all members")
-            self.register_buffer("y_common_limit", common_limit(X, Y, self.gating))  # float64: cast at use
+            # on the module's threads, as its training: BLAS sums in another order on another count,
+            # and a resumed run must find the same limit as the run it continues
+            with cpu_threads(self.num_threads if X.device.type == "cpu" else None):
+                limit = common_limit(X, Y, self.gating)
+            self.register_buffer("y_common_limit", limit)  # float64: cast at use
 
     def _two_loss(self) -> bool:
         return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
@@ -530,8 +552,10 @@ class Comparison(pl.LightningModule):
         if epochs_per_step < 1:
             raise ValueError(f"Comparison: epochs_per_step = {epochs_per_step}; allowed: a positive integer")
         specs = [_model_spec(m) for m in models]
-        # given as a dict: what the logger writes (hparams_initial) holds the specs, not the modules
-        self.save_hyperparameters({"models": specs, "names": names, "epochs_per_step": epochs_per_step})
+        # given as a dict: what the logger writes (hparams_initial) holds the specs, not the modules;
+        # with the class path, as the CLI records its modules, so `--ckpt_path` can read them back
+        self.save_hyperparameters({"_class_path": f"{type(self).__module__}.{type(self).__qualname__}",
+                                   "models": specs, "names": names, "epochs_per_step": epochs_per_step})
         self.models = nn.ModuleList(models)
         self.names = names or [type(m).__name__ + (f"_{m.gating_name}" if isinstance(m, GDLN) else "") for m in models]
         self.epochs_per_step = epochs_per_step
@@ -551,6 +575,7 @@ class Comparison(pl.LightningModule):
                 m.build(dm.X, dm.Y)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        save_log_step(self, checkpoint)
         # Lightning calls these hooks on the top module only: each model keeps what it saves (a GDLN's gates)
         for i, m in enumerate(self.models):
             sub: dict = {}
@@ -575,6 +600,7 @@ class Comparison(pl.LightningModule):
             out[name] = losses.detach()
             self.log(f"loss/{name}", losses[0].mean())
         _advance(self)
+        self.log("step", float(first_epoch))  # the epoch axis, as for a FullBatchNet
         return {"loss": sum(l[0].sum() for l in out.values()), "epoch_loss": out, "first_epoch": first_epoch}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -67,6 +67,10 @@ class DepthGDLN(GDLN):
         super().__init__(gating=gating, n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr, reduction=reduction,
                          training=training, epochs_per_step=epochs_per_step, seed=seed, num_threads=num_threads)
         save_own_hyperparameters(self, init=self.init_scheme.spec())
+        # GDLN.__init__ recorded its own arguments first; the one this class does not take would make
+        # the recorded arguments fail to build it again (load_from_checkpoint, --ckpt_path, a Comparison)
+        for hp in (self._hparams, self._hparams_initial):
+            hp.pop("context_init_gain", None)
         self.n_shared = n_shared
 
     def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:

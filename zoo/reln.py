@@ -212,9 +212,13 @@ def elbow(ks: Sequence[int], errors: Sequence[float], rule: Literal["kneedle", "
 # ---------------------------------------------------------------------------------------------
 def pairwise_distances(H: Tensor) -> Tensor:
     """Euclidean distances between the rows of H (..., N, d): (..., N, N)."""
+    # centred first (distances do not change): |h_i|^2 + |h_j|^2 - 2 h_i.h_j cancels less when the
+    # points sit far from the origin; a point's distance to itself is exactly 0, not the round-off
     H = H.double()
+    H = H - H.mean(-2, keepdim=True)
     sq = H.pow(2).sum(-1)
     D2 = sq[..., :, None] + sq[..., None, :] - 2 * H @ H.transpose(-1, -2)
+    D2.diagonal(dim1=-2, dim2=-1).zero_()
     return D2.clamp(min=0).sqrt()
 
 
