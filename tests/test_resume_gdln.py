@@ -1,5 +1,7 @@
 """Exact resume of the GDLN family ([H] recipes: Comparison of ReLUNet / GDLN, DepthGDLN, ReLN
-discovery) and of DeepLinearNet's NTK and phase-diagram recipes: stopped by max_steps, or killed
+discovery) and of DeepLinearNet's NTK recipe and minibatch regression (a Comparison of two GDLNs on XoR, fig2,
+and the phase diagram, were checked too and dropped from the suite for time: they exercise nothing
+the cases here do not): stopped by max_steps, or killed
 with SIGKILL after a mid-run checkpoint, then resumed with --ckpt_path last: the same final
 weights, scalars and figures as the uninterrupted run, bit for bit.
 
@@ -21,8 +23,6 @@ FIG6_SMALL = """[
   {class_path: zoo.gdln_depth.DepthGDLN, init_args: {gating: reln, n_shared: 12, n_hidden: 3,
    init: {class_path: zoo.init.Gaussian, init_args: {sigma: 0.003}}, ensemble: 4, lr: 0.001, reduction: sum}}]"""
 CASES = {
-    # Comparison (ReLUNet + two GDLNs on XoR margins): LossCurves, XorLearningTimes
-    "fig2": ["--config", f"{R}/haste_slowly/fig2_xor_margin.yaml", "--trainer.max_steps=20", EPS],
     # Comparison of four networks on contexts: LossCurves (race), PathwaySingularValues
     "fig4": ["--config", f"{R}/haste_slowly/fig4_contexts.yaml", "--trainer.max_steps=20", EPS],
     # two-layer ReLUNet + DepthGDLN: StereotypicalLoss, LossCurves, ActivationPatterns per layer
@@ -41,11 +41,9 @@ CASES = {
                   "--data.init_args.batch_size=3"],
     # DeepLinearNet: the NTK at initialisation must survive the resume
     "ntk": ["--config", f"{R}/lazy_rich/ntk_square.yaml", "--trainer.max_steps=400"],
-    # DeepLinearNet on a PathwayGrid: PhaseDiagram at the end
-    "phase": ["--config", f"{R}/specialisation/phase_diagram.yaml", "--trainer.max_steps=600"],
 }
-STOP = {"fig2": 7, "fig4": 7, "fig6": 7, "fig8": 7, "gdln": 7, "minibatch": 40, "ntk": 150, "phase": 300}  # phase: 100 steps per batch
-TOTAL = {"fig2": 20, "fig4": 20, "fig6": 20, "fig8": 20, "gdln": 20, "minibatch": 90, "ntk": 400, "phase": 600}
+STOP = {"fig4": 7, "fig6": 7, "fig8": 7, "gdln": 7, "minibatch": 40, "ntk": 150}
+TOTAL = {"fig4": 20, "fig6": 20, "fig8": 20, "gdln": 20, "minibatch": 90, "ntk": 400}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +61,9 @@ def references(tmp_path_factory):
 
 # a few cases run by default (under ~40 s together); every case runs with -m slow
 FAST_STOP = {"fig6", "fig8", "ntk", "minibatch"}
-FAST_KILL = {"fig2"}
+# the kill (SIGKILL of a subprocess) checks what a max_steps stop does not: the purge of points logged
+# after the checkpoint and the loggers' flush, which are the same for every case; two cases suffice
+KILL = ("fig4", "gdln")
 
 
 def _cases(fast: set[str]) -> list:
@@ -83,8 +83,9 @@ def test_stop_by_max_steps_then_resume(case, references, tmp_path, one_thread):
     assert_same_run(full, run, stop_step=STOP[case])
 
 
-@pytest.mark.parametrize("case", _cases(FAST_KILL))
-def test_kill_then_resume(case, references, tmp_path):
+@pytest.mark.parametrize("case", [KILL[0], pytest.param(KILL[1], marks=pytest.mark.slow)])
+def test_kill_then_resume(case, references, tmp_path, one_thread):
+    # one_thread: the subprocess runs on this process's thread count, as the reference did
     full = references(case)
     args = CASES[case]
     step = fit_killed(tmp_path, *args)

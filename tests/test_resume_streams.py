@@ -100,19 +100,9 @@ def test_ode_vs_simulation_stopped_by_max_steps(ode_reference, tmp_path, stop):
     assert images(run) == expected
 
 
-@pytest.mark.slow
-def test_ode_vs_simulation_killed(ode_reference, tmp_path):
-    kill_then_resume(tmp_path, ODE, ode_reference, switch=2000)
-
-
 @pytest.fixture(scope="module")
 def fig6_reference(tmp_path_factory):
     return fit(tmp_path_factory.mktemp("fig6_full"), *FIG6)
-
-
-@pytest.mark.slow
-def test_fig6_forgetting_profile_stopped_before_the_switch(fig6_reference, tmp_path):
-    stop_then_resume(tmp_path, FIG6, 750, fig6_reference)
 
 
 @pytest.mark.slow
@@ -132,9 +122,9 @@ def fig7_reference(tmp_path_factory):
     return fit(tmp_path_factory.mktemp("fig7_full"), *FIG7)
 
 
-# before the switch, at it (EWC anchors at the end of its batch), after it
-@pytest.mark.parametrize("stop", [pytest.param(400, marks=pytest.mark.slow), 600,
-                                  pytest.param(800, marks=pytest.mark.slow)])
+# at the switch (EWC anchors at the end of its batch); stops before and after a switch are the
+# ode_vs_simulation cases
+@pytest.mark.parametrize("stop", [600])
 def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop):
     run = stop_then_resume(tmp_path, FIG7, stop, fig7_reference)
     ref = torch.load(fig7_reference / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
@@ -181,7 +171,7 @@ def fig12_reference(tmp_path_factory, mnist_dir):
     return fit(tmp_path_factory.mktemp("fig12_full"), *fig12(mnist_dir))
 
 
-@pytest.mark.parametrize("stop", [pytest.param(7, marks=pytest.mark.slow), 13])  # before the switch (10), after it
+@pytest.mark.parametrize("stop", [13])  # after the switch (10): the ode and fig7 cases stop before it
 def test_fig12_mnist_stopped_by_max_steps(fig12_reference, mnist_dir, tmp_path, stop):
     run = stop_then_resume(tmp_path, fig12(mnist_dir), stop, fig12_reference)
     # the table of members too (the first part wrote one at its stop if that was after the switch)

@@ -130,13 +130,6 @@ def test_beta_vae_stop_by_max_steps_then_resume(fig13_vae, tmp_path, one_thread)
         assert torch.equal(own["state_dict"][k], v)
 
 
-@slow
-@needs_mnist
-def test_beta_vae_kill_then_resume(fig13_vae, tmp_path, one_thread, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    _kill_then_resume(fig13_vae, tmp_path, total=16)
-
-
 # -- SparseAutoencoder on latents, one member diverging (on_divergence: drop) ---------------------------
 # 256 codes, batches of 64: 4 batches an epoch, 30 steps = 7.5 epochs; v = 1e5 with l1 > 0 diverges at step 3
 ISAE_STEPS = 30

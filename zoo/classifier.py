@@ -29,6 +29,7 @@ from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.init import EntropyMix, Gaussian, InitScheme
+from zoo.task_switch import TaskSwitchAtBatchEnd
 from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
 
 Activation = Literal["sigmoid", "erf", "relu", "tanh"]
@@ -55,7 +56,7 @@ def _dphi(activation: str, z: Tensor) -> Tensor:
     return 1 - torch.tanh(z) ** 2
 
 
-class MultiHeadClassifier(pl.LightningModule):
+class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
     """A two-layer classifier with a shared hidden layer and one head per task ([S] App. G).
 
     Args:
@@ -121,8 +122,6 @@ class MultiHeadClassifier(pl.LightningModule):
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0))
         self.heads = nn.Parameter(heads.float().repeat_interleave(self.G, 0))  # (E, T, C, H)
         self.register_buffer("task", torch.tensor(0))
-        self._task_ended: int | None = None  # the task whose end on_task_switch has handled last
-        self._switch_step = 0  # the step at which on_task_switch logs
         self.ewc_config = ewc
         self.ewc = self._ewc_state()
 
@@ -276,28 +275,7 @@ class MultiHeadClassifier(pl.LightningModule):
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self._end_of_task(int(self.task), self.global_step + 1)  # global_step counts this update after the hook
-
-    def _end_of_task(self, task: int, step: int) -> None:
-        """After the last update of a task (the datamodule's ``task_at(step)`` is another), call
-        :meth:`on_task_switch` inside the batch: a checkpoint taken at the switch then holds its
-        work (EWC anchors, their logged summary), and a run resumed from it neither repeats it nor
-        logs its points twice."""
-        dm = getattr(self.trainer, "datamodule", None)
-        task_at, end = getattr(dm, "task_at", None), getattr(dm, "num_steps", None)
-        if not callable(task_at) or end is None or step >= end:
-            return
-        new = int(task_at(step))
-        if new != task:
-            self._switch_step = step
-            self.on_task_switch(task, new)
-            self._task_ended = task
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["task_ended"] = self._task_ended
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._task_ended = checkpoint.get("task_ended")
+        self.end_of_task(int(self.task), self.global_step + 1)  # global_step counts this update after the hook
 
     def on_task_switch(self, old: int, new: int) -> None:
         """With the weights after the last update of task ``old`` (at the end of its last batch

@@ -44,6 +44,7 @@ from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
 from zoo.init import Gaussian, InitScheme, Polar
+from zoo.task_switch import TaskSwitchAtBatchEnd
 
 # the update is explicit SGD without a torch optimizer, so Lightning's note about it is noise
 warnings.filterwarnings("ignore", message=r".*`configure_optimizers` returned `None`.*")
@@ -91,7 +92,7 @@ def phi(activation: str, lam: Tensor) -> Tensor:
     return _phi_u(activation, lam * _kappa(activation))
 
 
-class MultiHeadStudent(pl.LightningModule):
+class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
     """A two-layer student with a shared first layer and one readout head per task.
 
     Args:
@@ -164,7 +165,6 @@ class MultiHeadStudent(pl.LightningModule):
         self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
         self.h = nn.Parameter(heads[:, :, 0].float().repeat_interleave(self.G, 0), requires_grad=False)
         self.register_buffer("task", torch.tensor(0))
-        self._task_ended: int | None = None  # the task whose end on_task_switch has handled last
         self._remember_init()
         self.ewc_config = ewc
         self.ewc = self._ewc_state()
@@ -349,7 +349,7 @@ class MultiHeadStudent(pl.LightningModule):
             if 1 < self.ensemble <= MAX_MEMBER_TAGS:
                 metrics |= {f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)}
         self._log_at_sgd_step(metrics)
-        self._end_of_task(task)
+        self.end_of_task(task, self.global_step)
         return {"member_loss": losses.detach()}
 
     def _check_stream_position(self, batch: dict[str, Tensor]) -> None:
@@ -360,26 +360,6 @@ class MultiHeadStudent(pl.LightningModule):
         if int(batch["step"]) != self.global_step:
             raise RuntimeError(f"{type(self).__name__}: the batch starts at SGD step {int(batch['step'])} but the run "
                                f"is at step {self.global_step}; the data stream and the checkpoint do not match")
-
-    def _end_of_task(self, task: int) -> None:
-        """At the last batch of a task (the datamodule's ``task_at`` says the next step trains
-        another), call :meth:`on_task_switch` now, inside the batch: a checkpoint taken at the switch
-        then holds its work (EWC anchors, their logged summary), and a run resumed from it neither
-        repeats it nor logs its points twice."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        task_at, end = getattr(dm, "task_at", None), getattr(dm, "num_steps", None)
-        if not callable(task_at) or end is None or self.global_step >= end:
-            return
-        new = int(task_at(self.global_step))
-        if new != task:
-            self.on_task_switch(task, new)
-            self._task_ended = task
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["task_ended"] = self._task_ended
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._task_ended = checkpoint.get("task_ended")
 
     def _log_at_sgd_step(self, metrics: dict[str, Tensor]) -> None:
         """Write ``metrics`` to the loggers at ``global_step`` (SGD steps, the step of every zoo
