@@ -114,6 +114,7 @@ def test_without_lightning_sdk_unknown_commands_are_the_clis_error(in_tmp, capsy
     assert stop.value.code == 2
 
 
+@pytest.mark.slow
 def test_python_dash_m_zoo_runs_the_same_cli():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-m", "zoo", "fit", "--help"], capture_output=True, text=True, env=env,

@@ -92,6 +92,7 @@ def test_balance_is_conserved_up_to_the_step_size():
     assert torch.all((ratio > 1.6) & (ratio < 2.5)), ratio  # first order in lr
 
 
+@pytest.mark.slow
 def test_task_aligned_modes_follow_theorem_5_1_to_order_lr():
     from zoo.theory.linear import aligned_singular_value
 

@@ -80,6 +80,7 @@ def test_grid_order_is_read_from_the_members_not_assumed():
     check_cells(net)
 
 
+@pytest.mark.slow
 def test_fit_gives_eq10_of_the_simulation_and_of_a_separate_ode_call(tmp_path):
     cb = EntropyPhaseDiagram(every_n_steps=500)
     trainer = trainer_for(tmp_path, [cb], existing=("entropy_phase.png",))

@@ -207,6 +207,7 @@ def _zoo(*args, **env):
     # found at setup, after Lightning has logged "Seed set", "GPU available", ...: still the first line
     (["--data=TeacherStudent"], "DeepLinearNet: task_aligned = true needs a datamodule with modes()"),
 ])
+@pytest.mark.slow
 def test_the_real_entry_point_prints_the_message_first(tmp_path, overrides, message):
     out = _zoo("--config", QS, f"--trainer.default_root_dir={tmp_path}", *SHORT, *overrides)
     lines = out.stderr.strip("\n").split("\n")

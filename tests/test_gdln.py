@@ -131,6 +131,7 @@ def test_three_contexts_relu_reln_and_single():
     assert torch.allclose(pred[:2], reln[:2], rtol=0.10), (pred, reln)
 
 
+@pytest.mark.slow
 def test_three_contexts_different_structure_matches_the_relu_net():
     """[H] Sec. 4 acceptance on the different-structure task at the paper's scale (lr 1e-3, 8,000
     epochs, init std 0.005/700, 3 seeds): the ReLN of [H] Fig. 3 (175 units per pathway, 700 in all,
@@ -272,7 +273,8 @@ def test_divergence_and_bad_input():
         _gdln(dm, "reln")
 
 
-@pytest.mark.parametrize("C, context_scale", [(3, 1.0), (4, 1.0), (5, 1.0), (5, 1.35)])
+@pytest.mark.parametrize("C, context_scale", [pytest.param(*c, marks=pytest.mark.slow)
+                                                    for c in [(3, 1.0), (4, 1.0), (5, 1.0), (5, 1.35)]])
 def test_closed_form_describes_the_residual_trained_reln(C, context_scale):
     """[H] Sec. 5 acceptance: the corrected closed form (App. F-G, m = C - 1) against a simulated
     ReLN trained as App. F derives it (training='residual': the context pathways learn the fixed

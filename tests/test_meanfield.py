@@ -83,6 +83,7 @@ FN = {2: I2, 3: I3, 4: I4}
 
 
 @pytest.mark.parametrize("name,order", CASES)
+@pytest.mark.slow
 def test_gaussian_averages_match_monte_carlo(name: str, order: int) -> None:
     g = torch.Generator().manual_seed(1000 * order + len(name))
     covs = [random_cov(order, g) for _ in range(3)]
@@ -137,6 +138,7 @@ def test_eps_check_values_from_theory() -> None:
 
 
 @pytest.mark.parametrize("name", ["erf", "relu", "linear"])
+@pytest.mark.slow
 def test_generalisation_error_matches_test_set(name: str) -> None:
     """eps from (Q, R, T) equals 1/2 <Delta^2> on a test set of an explicit d = 500 network."""
     g = torch.Generator().manual_seed(7)
@@ -324,6 +326,7 @@ def simulate_sgd(seeds: list[int], d: int, alpha1: float, alpha2: float, eta: fl
     return torch.stack(rec_W, 1), torch.stack(rec_h, 1), WT, W0
 
 
+@pytest.mark.slow
 def test_ode_matches_online_sgd_through_a_task_switch() -> None:
     """[S] Eqs. 20-22 against a d = 1000 simulation, erf, p = 2, p* = 1, gamma = 0.5.
 

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import REPO, run_cli
 from tests.test_mnist_continual import SHARED_RAW
 
+pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
+
 RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml"))
 
 

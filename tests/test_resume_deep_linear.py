@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from resume_harness import assert_same_run, checkpoint_step, fit, fit_killed
 
+pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
+
 RECIPE = ["--config", "recipes/quickstart.yaml", "--trainer.max_steps=600"]
 
 

@@ -89,7 +89,8 @@ def images(run: Path) -> dict[str, list[int]]:
 
 # chunks of 300 steps: the first batch after a stop at 900 crosses 1000, where TheoryOverlay (every
 # 500) and OrderParameters (every 1000) are due, as in the uninterrupted run
-@pytest.mark.parametrize("stop", [900, pytest.param(2600, marks=pytest.mark.slow)])  # before the switch (2000), after
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [900, 2600])  # before the switch (2000), after
 def test_ode_vs_simulation_stopped_by_max_steps(ode_reference, tmp_path, stop):
     run = stop_then_resume(tmp_path, ODE, stop, ode_reference)
     # the resumed run trained to the end of the schedule (the reported bug stopped early)
@@ -125,6 +126,7 @@ def fig7_reference(tmp_path_factory):
 # at the switch (EWC anchors at the end of its batch); stops before and after a switch are the
 # ode_vs_simulation cases
 @pytest.mark.parametrize("stop", [600])
+@pytest.mark.slow
 def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop):
     run = stop_then_resume(tmp_path, FIG7, stop, fig7_reference)
     ref = torch.load(fig7_reference / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
@@ -147,6 +149,7 @@ class KeepCheckpoint(pl.Callback):
             shutil.copy(ckpt, ckpt.with_name("kept.ckpt"))
 
 
+@pytest.mark.slow
 def test_fig7_killed_after_the_checkpoint_at_the_switch(fig7_reference, tmp_path):
     """The EWC anchors (and their logged summary) belong to the checkpoint at the switch: a run killed
     after it and resumed neither anchors twice nor logs ewc/fisher/* twice at the switch."""
@@ -172,6 +175,7 @@ def fig12_reference(tmp_path_factory, mnist_dir):
 
 
 @pytest.mark.parametrize("stop", [13])  # after the switch (10): the ode and fig7 cases stop before it
+@pytest.mark.slow
 def test_fig12_mnist_stopped_by_max_steps(fig12_reference, mnist_dir, tmp_path, stop):
     run = stop_then_resume(tmp_path, fig12(mnist_dir), stop, fig12_reference)
     # the table of members too (the first part wrote one at its stop if that was after the switch)
@@ -180,6 +184,7 @@ def test_fig12_mnist_stopped_by_max_steps(fig12_reference, mnist_dir, tmp_path, 
     assert table.read_bytes() == (fig12_reference / "forgetting_members.csv").read_bytes()
 
 
+@pytest.mark.slow
 def test_fig12_mnist_killed(fig12_reference, mnist_dir, tmp_path):
     kill_then_resume(tmp_path, fig12(mnist_dir), fig12_reference, switch=10)
 

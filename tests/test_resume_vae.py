@@ -84,6 +84,7 @@ def fig4(tmp_path_factory):
     return _reference(tmp_path_factory, args)
 
 
+@pytest.mark.slow
 def test_beta_vae_sweep_stop_by_max_steps_then_resume(fig4, tmp_path, one_thread):
     _stop_then_resume(fig4, tmp_path, stop=19, total=FIG4_STEPS)  # mid-way through the second epoch
 
@@ -94,6 +95,7 @@ def test_beta_vae_sweep_kill_then_resume(fig4, tmp_path, one_thread, monkeypatch
     _kill_then_resume(fig4, tmp_path, total=FIG4_STEPS)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_the_noise_state_is_refused(fig4, tmp_path, one_thread):
     """A VAE checkpoint saved before the noise had its own generator cannot resume exactly: the
     resumed run stops before its first batch, with a message, rather than train another run."""
@@ -121,6 +123,7 @@ def fig13_vae(tmp_path_factory, mnist_dir):
 
 
 @needs_mnist
+@pytest.mark.slow
 def test_beta_vae_stop_by_max_steps_then_resume(fig13_vae, tmp_path, one_thread):
     run = _stop_then_resume(fig13_vae, tmp_path, stop=11, total=16)
     # the recipe's own checkpoint (phase 2's input) is the final model too
@@ -154,12 +157,14 @@ def _dropped(run):
 
 
 @needs_mnist
+@pytest.mark.slow
 def test_sparse_autoencoder_stop_by_max_steps_then_resume(fig13_isae, tmp_path, one_thread):
     _dropped(fig13_isae[1])
     _dropped(_stop_then_resume(fig13_isae, tmp_path, stop=13, total=ISAE_STEPS))
 
 
 @needs_mnist
+@pytest.mark.slow
 def test_sparse_autoencoder_kill_then_resume(fig13_isae, tmp_path, one_thread, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     _dropped(_kill_then_resume(fig13_isae, tmp_path, total=ISAE_STEPS))

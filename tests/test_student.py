@@ -175,6 +175,7 @@ def test_divergence_stops_the_run_with_a_message():
         trainer().fit(net, dm)
 
 
+@pytest.mark.slow
 def test_simulation_follows_the_mean_field_ode_through_a_switch():
     """[S] App. C / THEORY.md sec. 2: at d = 1000 the simulated errors of both tasks follow the ODE.
 

@@ -57,6 +57,7 @@ class WeightsAt(pl.Callback):
 # ------------------------------------------------------------------------------------------------
 # OrderParameters
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_order_parameters_logs_Q_and_R_images_and_the_figure(tmp_path):
     cb = OrderParameters(every_n_steps=200, max_members=1, max_images=2)
     spy = WeightsAt([300, 600])
@@ -152,6 +153,7 @@ def test_entropies_log_eq10_per_member_and_mean(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # TheoryOverlay
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_theory_overlay_logs_simulation_ode_and_deviation(tmp_path):
     cb = TheoryOverlay(every_n_steps=200, max_members=2)
     trainer, net, dm = fit(tmp_path, [cb], d=100, num_steps=800, switch_step=400, existing=["theory_overlay.png"])
