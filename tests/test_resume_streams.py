@@ -153,12 +153,17 @@ class KeepCheckpoint(pl.Callback):
 def test_fig7_killed_after_the_checkpoint_at_the_switch(fig7_reference, tmp_path):
     """The EWC anchors (and their logged summary) belong to the checkpoint at the switch: a run killed
     after it and resumed neither anchors twice nor logs ewc/fisher/* twice at the switch."""
-    keep = json.dumps({"class_path": "test_resume_streams.KeepCheckpoint", "init_args": {"step": 600}})
-    fit(tmp_path, *FIG7, f"--trainer.callbacks+={keep}")
-    ckpts = tmp_path / "lightning_logs/version_0/checkpoints"
+    assert_same_run(fig7_reference, resume_from_the_switch(tmp_path, FIG7, 600))
+
+
+def resume_from_the_switch(folder, args, switch):
+    """A whole run that kept its checkpoint at the switch, resumed from that checkpoint: as a run
+    killed after it (every point logged after the checkpoint is purged). Returns the run folder."""
+    keep = json.dumps({"class_path": "test_resume_streams.KeepCheckpoint", "init_args": {"step": switch}})
+    fit(folder, *args, f"--trainer.callbacks+={keep}")
+    ckpts = folder / "lightning_logs/version_0/checkpoints"
     shutil.move(ckpts / "kept.ckpt", ckpts / "last.ckpt")
-    run = fit(tmp_path, *FIG7, "--ckpt_path", "last")
-    assert_same_run(fig7_reference, run)
+    return fit(folder, *args, "--ckpt_path", "last")
 
 
 # -- MultiHeadClassifier on MNISTContinual ------------------------------------------------------------
@@ -194,12 +199,7 @@ def test_fig12_ewc_killed_after_the_checkpoint_at_the_switch(mnist_dir, tmp_path
     """As for the student (fig7): the classifier anchors EWC inside the switch's last batch."""
     args = [*fig12(mnist_dir), '--model.init_args.ewc={"xi": 1.0, "samples": 20}']
     reference = fit(tmp_path_factory.mktemp("fig12_ewc_full"), *args)
-    folder = tmp_path_factory.mktemp("fig12_ewc_killed")
-    keep = json.dumps({"class_path": "test_resume_streams.KeepCheckpoint", "init_args": {"step": 10}})
-    fit(folder, *args, f"--trainer.callbacks+={keep}")
-    ckpts = folder / "lightning_logs/version_0/checkpoints"
-    shutil.move(ckpts / "kept.ckpt", ckpts / "last.ckpt")
-    run = fit(folder, *args, "--ckpt_path", "last")
+    run = resume_from_the_switch(tmp_path_factory.mktemp("fig12_ewc_killed"), args, 10)
     assert_same_run(reference, run)
     assert [s for s, _ in scalars(run)["ewc/fisher/mean"]] == [10]  # anchored once, at the switch
 
