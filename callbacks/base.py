@@ -128,3 +128,26 @@ def warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
         rank_zero_warn(message)
+
+
+def log_figure(trainer: pl.Trainer, tag: str, fig, png: str | None = None, step: int | None = None) -> Path | None:
+    """Log a matplotlib ``fig`` (from ``zoo.plots``) to every TensorBoard logger with
+    ``add_figure`` and, if ``png`` is given, write it once as a PNG in the run folder (a fresh
+    name, see ``output_path``). Rank 0 only; the figure is closed afterwards. Returns the PNG path."""
+    import matplotlib.pyplot as plt
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    path = None
+    try:
+        if not trainer.is_global_zero:
+            return None
+        if png is not None:
+            path = output_path(trainer, png)
+            fig.savefig(path)
+        step = trainer.global_step if step is None else step
+        for lg in trainer.loggers:
+            if isinstance(lg, TensorBoardLogger):
+                lg.experiment.add_figure(tag, fig, global_step=step, close=False)
+    finally:
+        plt.close(fig)
+    return path

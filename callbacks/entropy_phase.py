@@ -79,7 +79,7 @@ def init_grid(pl_module: pl.LightningModule) -> InitGrid:
             "init_w: gaussian(sigma) and init_heads: polar(r, theta)")
     if not isinstance(schemes, dict) or "init_w" not in schemes or "init_heads" not in schemes:
         raise TypeError(f"{need}; {name} has no init_w / init_heads schemes")
-    params_w, params_h = schemes["init_w"]._params, schemes["init_heads"]._params
+    params_w, params_h = schemes["init_w"].params, schemes["init_heads"].params
     if set(params_w) != {"sigma"}:
         raise TypeError(f"{need}; its init_w is {type(schemes['init_w']).__name__} with parameters {sorted(params_w)}")
     if set(params_h) != {"r", "theta"}:

@@ -40,8 +40,8 @@ class PhaseDiagram(pl.Callback):
         n1, n2 = scheme.grid_shape
         omegas = pl_module.pathway_strengths(m.U[:, 0], m.V[:, 0]).cpu()  # (E, 2)
         share = (omegas[:, 1] / omegas.sum(-1)).reshape(n1, n2)
-        lam1 = torch.tensor(scheme._params["lam1"], dtype=torch.float64)
-        lam2 = torch.tensor(scheme._params["lam2"], dtype=torch.float64)
+        lam1 = torch.tensor(scheme.params["lam1"], dtype=torch.float64)
+        lam2 = torch.tensor(scheme.params["lam2"], dtype=torch.float64)
         # whitened form: target s/c, time constant tau/c with tau = 1/lr steps: times come out in steps
         kw = dict(omega0=scheme.omega0) if scheme.omega0 is not None else dict(a0=scheme.a0)
         theory = phase_diagram(lam1[:, None], lam2[None, :], s=float(m.s[0]), d=1.0,

@@ -123,7 +123,7 @@ class Sparsity(PeriodicCallback):
             return
         if self._measured_at != trainer.global_step:  # the last step was not a multiple of every_n_steps
             self.on_due(trainer, pl_module, None)
-        if self.figure and trainer.is_global_zero and "v" in pl_module.scheme._params:
+        if self.figure and trainer.is_global_zero and "v" in pl_module.scheme.params:
             v = pl_module.scheme.per_member("v", pl_module.ensemble).numpy()
             sparsity_figure(output_path(trainer, "sparsity_vs_v.png"), v, pl_module.l1.cpu().numpy(),
                             {k: self.last[k].numpy() for k in ("eq31", "l0")}, self._x.shape[0], self.threshold)

@@ -29,7 +29,7 @@ def test_register_a_user_scheme_and_duplicates_raise():
             self._member("value", value, allowed="any", ok=lambda v: True)
 
         def _draw(self, shapes, E, generator):
-            return [torch.full((E, *s), self._params["value"][0], dtype=torch.float64) for s in shapes]
+            return [torch.full((E, *s), self.params["value"][0], dtype=torch.float64) for s in shapes]
 
     try:
         (w,) = zi.build("test_constant_scheme", value=2.0).weights([(3, 4)], ensemble=2)

@@ -31,19 +31,19 @@ def grid_product(schemes: dict[str, InitScheme], lists: dict[str, list | None]) 
     import copy
     import itertools
 
-    axes = [(key, name, values) for key, sch in schemes.items() for name, values in sch._params.items() if len(values) > 1]
+    axes = [(key, name, values) for key, sch in schemes.items() for name, values in sch.params.items() if len(values) > 1]
     axes += [(None, name, values) for name, values in lists.items() if values is not None and len(values) > 1]
     combos = list(itertools.product(*[values for _, _, values in axes]))
     out = {key: copy.copy(sch) for key, sch in schemes.items()}
     for sch in out.values():
-        sch._params = dict(sch._params)
+        sch.params = dict(sch.params)
     lists = dict(lists)
     for i, (key, name, _) in enumerate(axes):
         column = [c[i] for c in combos]
         if key is None:
             lists[name] = column
         else:
-            out[key]._params[name] = column
+            out[key].params[name] = column
     return out, lists
 
 
@@ -53,9 +53,9 @@ def member_labels(schemes: dict[str, InitScheme], E: int, seeds: list[int] | Non
     later head's parameter: ``theta2``)."""
     parts = [[] for _ in range(E)]
     for key, scheme in schemes.items():
-        varying = [k for k, v in scheme._params.items() if len(v) > 1]
+        varying = [k for k, v in scheme.params.items() if len(v) > 1]
         for e in range(E):
-            parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme._params[k][e]:.4g}" for k in varying]
+            parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme.params[k][e]:.4g}" for k in varying]
     if seeds is not None and len(set(seeds)) > 1:
         for e in range(E):
             parts[e].append(f"seed={seeds[e]}")

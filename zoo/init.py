@@ -76,7 +76,7 @@ class InitScheme:
     name: ClassVar[str] = ""
 
     def __init__(self) -> None:
-        self._params: dict[str, list[float]] = {}
+        self.params: dict[str, list[float]] = {}
         self._extra: dict[str, object] = {}  # non-numeric constructor arguments (e.g. base)
 
     # -- parameters -------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class InitScheme:
         for v in values:
             if not (math.isfinite(v) and ok(v)):
                 raise ValueError(f"{self.name}: parameter {param!r} = {v!r} is out of range; allowed: {allowed}")
-        self._params[param] = values
+        self.params[param] = values
         return values
 
     def checked(self) -> "InitScheme":
@@ -103,15 +103,15 @@ class InitScheme:
     @property
     def ensemble_size(self) -> int:
         """Number of members the list-valued parameters describe (1 if all are scalars)."""
-        sizes = {len(v) for v in self._params.values() if len(v) > 1}
+        sizes = {len(v) for v in self.params.values() if len(v) > 1}
         if len(sizes) > 1:
-            given = {k: len(v) for k, v in self._params.items()}
+            given = {k: len(v) for k, v in self.params.items()}
             raise ValueError(f"{self.name}: list parameters must have equal lengths (or length 1); got {given}")
         return sizes.pop() if sizes else 1
 
     def per_member(self, param: str, ensemble: int) -> Tensor:
         """Parameter ``param`` as a float64 tensor of shape (ensemble,)."""
-        values = self._params[param]
+        values = self.params[param]
         if len(values) not in (1, ensemble):
             raise ValueError(
                 f"{self.name}: parameter {param!r} has {len(values)} values but the ensemble has {ensemble} members"
@@ -123,15 +123,15 @@ class InitScheme:
         import copy
 
         one = copy.copy(self)
-        one._params = {k: [v[e] if len(v) > 1 else v[0]] for k, v in self._params.items()}
+        one.params = {k: [v[e] if len(v) > 1 else v[0]] for k, v in self.params.items()}
         return one
 
     def labels(self, ensemble: int) -> list[str]:
         """Short per-member labels from the varying parameters, e.g. ``['lam=-4', 'lam=0']``."""
-        varying = [k for k, v in self._params.items() if len(v) > 1]
+        varying = [k for k, v in self.params.items() if len(v) > 1]
         if not varying:
             return [f"member{i}" for i in range(ensemble)] if ensemble > 1 else ["member0"]
-        return [",".join(f"{k}={self._params[k][i]:g}" for k in varying) for i in range(ensemble)]
+        return [",".join(f"{k}={self.params[k][i]:g}" for k in varying) for i in range(ensemble)]
 
     # -- weights ------------------------------------------------------------------------------
     def weights(
@@ -157,7 +157,7 @@ class InitScheme:
 
     def spec(self) -> dict:
         """Plain-data description ``{class_path, init_args}``: YAML- and checkpoint-safe."""
-        args: dict[str, object] = {k: v[0] if len(v) == 1 else list(v) for k, v in self._params.items()}
+        args: dict[str, object] = {k: v[0] if len(v) == 1 else list(v) for k, v in self.params.items()}
         args.update(self._extra)
         # jsonargparse's lazy_instance defaults are dynamic subclasses: name the real class
         cls = next(c for c in type(self).__mro__
@@ -165,7 +165,7 @@ class InitScheme:
         return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v[0] if len(v) == 1 else v}" for k, v in self._params.items())
+        args = ", ".join(f"{k}={v[0] if len(v) == 1 else v}" for k, v in self.params.items())
         return f"{type(self).__name__}({args})"
 
 
@@ -278,7 +278,7 @@ class LambdaBalanced(InitScheme):
         n_h = hidden[0]
         if n_h > min(n_in, n_out) and bool((lam != 0).any()):
             raise ValueError(
-                f"{self.name}: lam={self._params['lam']} needs hidden width n_h <= min(n_in, n_out) = "
+                f"{self.name}: lam={self.params['lam']} needs hidden width n_h <= min(n_in, n_out) = "
                 f"{min(n_in, n_out)}, got n_h = {n_h}: a wider hidden layer cannot be lambda-balanced "
                 "for lam != 0 (W2^T W2 would need full rank n_h) [L] assumption A3; use lam = 0 or narrow it"
             )
@@ -444,7 +444,7 @@ class PathwayGrid(InitScheme):
 
     @property
     def grid_shape(self) -> tuple[int, int]:
-        return len(self._params["lam1"]), len(self._params["lam2"])
+        return len(self.params["lam1"]), len(self.params["lam2"])
 
     @property
     def ensemble_size(self) -> int:
@@ -453,8 +453,8 @@ class PathwayGrid(InitScheme):
 
     def grid(self) -> tuple[Tensor, Tensor]:
         """(lam1, lam2) of every member, each (E,)."""
-        l1 = torch.tensor(self._params["lam1"], dtype=torch.float64)
-        l2 = torch.tensor(self._params["lam2"], dtype=torch.float64)
+        l1 = torch.tensor(self.params["lam1"], dtype=torch.float64)
+        l2 = torch.tensor(self.params["lam2"], dtype=torch.float64)
         L1, L2 = torch.meshgrid(l1, l2, indexing="ij")
         return L1.flatten(), L2.flatten()
 

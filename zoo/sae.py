@@ -94,7 +94,7 @@ class SparseAutoencoder(pl.LightningModule):
         self.b_dec = nn.Parameter(torch.zeros(E, 1, self.d), requires_grad=bias)
         self.on_divergence = on_divergence
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool))  # in checkpoints: a resumed run keeps its drop-outs
-        varying = {k: v for k, v in scheme._params.items() if len(v) > 1}
+        varying = {k: v for k, v in scheme.params.items() if len(v) > 1}
         self.labels = [",".join([f"{k}={vals[e]:.4g}" for k, vals in varying.items()]
                                 + ([f"l1={float(self.l1[e]):g}"] if len(set(l1s)) > 1 else [])) or f"member{e}"
                        for e in range(E)]

@@ -395,7 +395,7 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
                     init_decoder=dec.member(i) if dec.ensemble_size > 1 else dec, image_shape=image_shape,
                     seed=int(s)))
                 self.labels.append(f"{labels[i]},seed={s}" if labels[i] else f"seed={s}")
-                params = {k: v[0] for k, v in (enc.member(i) if enc.ensemble_size > 1 else enc)._params.items()}
+                params = {k: v[0] for k, v in (enc.member(i) if enc.ensemble_size > 1 else enc).params.items()}
                 self.member_params.append({**params, "seed": int(s)})
         self.members = nn.ModuleList(members)
 
@@ -403,7 +403,7 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
     def _init_labels(enc: InitScheme, dec: InitScheme, n: int) -> list[str]:
         parts = [[] for _ in range(n)]
         for prefix, scheme in (("", enc), ("dec_", dec)):
-            for k, v in scheme._params.items():
+            for k, v in scheme.params.items():
                 if len(v) > 1:
                     for i in range(n):
                         parts[i].append(f"{prefix}{k}={v[i]:g}")
