@@ -13,36 +13,54 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 
 class PeriodicCallback(pl.Callback):
-    """A callback that works every ``every_n_steps`` optimizer steps and costs nothing otherwise."""
+    """A callback that works every ``every_n_steps`` units of its ``clock`` and costs nothing otherwise.
+
+    ``unit`` says what the clock counts: ``"steps"`` (``trainer.global_step``, optimizer updates),
+    ``"samples"`` (``pl_module.samples_seen``, e.g. the online-SGD steps of a teacher-student
+    student, the theory's time ``alpha * d``) or ``"epochs"`` (``pl_module.epochs_done``). Points
+    are logged at the clock's value, so TensorBoard's x-axis is the unit the theory uses.
+    """
+
+    unit: str = "steps"
 
     def __init__(self, every_n_steps: int = 10) -> None:
         if every_n_steps < 1:
             raise ValueError(f"{type(self).__name__}: every_n_steps = {every_n_steps}; allowed: a positive integer")
         self.every_n_steps = every_n_steps
         self._prev_step: int | None = None
+        self.now = 0
 
-    def due(self, trainer: pl.Trainer) -> bool:
-        """True when the steps since the last call crossed a multiple of ``every_n_steps``.
+    def clock(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+        """The count ``every_n_steps`` refers to (see ``unit``)."""
+        if self.unit == "samples":
+            return int(pl_module.samples_seen)
+        if self.unit == "epochs":
+            return int(pl_module.epochs_done)
+        return trainer.global_step
 
-        A module may take several optimizer steps per batch, so ``global_step`` can jump; call
-        this once per ``on_train_batch_end``.
+    def due(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """True when the clock crossed a multiple of ``every_n_steps`` since the last call.
+
+        A batch can advance the clock by many units (a block of online-SGD samples), so the
+        clock can jump; call this once per ``on_train_batch_end``.
         """
-        g = trainer.global_step
+        g = self.now = self.clock(trainer, pl_module)
         prev = g - 1 if self._prev_step is None or self._prev_step >= g else self._prev_step
         self._prev_step = g
         return g // self.every_n_steps > prev // self.every_n_steps
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.now = self.clock(trainer, pl_module)
         self.on_start(trainer, pl_module)
         # a resumed run starts at a checkpoint saved after this step's work was done and logged:
         # doing it again would add a second point at the same step
         if not resuming(trainer):
             self.on_due(trainer, pl_module, None)
         else:  # the next due() counts from the checkpoint's step, as it did in the run that saved it
-            self._prev_step = trainer.global_step
+            self._prev_step = self.now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.due(trainer):
+        if self.due(trainer, pl_module):
             self.on_due(trainer, pl_module, outputs)
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -51,11 +69,12 @@ class PeriodicCallback(pl.Callback):
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         """The callback's work: at the start of training (``outputs`` None) and every n steps."""
 
-    @staticmethod
-    def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
-        step = trainer.global_step if step is None else step
-        for logger in trainer.loggers:
-            logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+    def log_scalars(self, trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
+        """Write ``metrics`` to every logger at ``step`` (default: ``global_step``, or for another
+        unit the clock at the last ``due``)."""
+        if step is None:
+            step = trainer.global_step if self.unit == "steps" else self.now
+        log_scalars(trainer, metrics, step)
 
     def need(self, pl_module: pl.LightningModule, *methods: str) -> None:
         """Fail before training if the module lacks what this callback reads."""
@@ -88,6 +107,13 @@ class HistoryCallback(PeriodicCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._reset()
+
+
+def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
+    """Write ``metrics`` straight to every logger at ``step`` (default ``global_step``)."""
+    step = trainer.global_step if step is None else step
+    for logger in trainer.loggers:
+        logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
 
 def resuming(trainer: pl.Trainer) -> bool:

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path
+from callbacks.base import PeriodicCallback, output_path, log_scalars
 from callbacks.figures import _plt
 from callbacks.gdln import EpochLosses, _models
 from zoo.theory.gdln import times_to_fraction
@@ -96,7 +96,7 @@ class StereotypicalLoss(EpochLosses):
             if "first_layer_on" in s:
                 metrics[f"stereotypical/{name}/first_layer_on"], metrics[f"stereotypical/{name}/first_layer_on_min"] = \
                     s["first_layer_on"]
-        PeriodicCallback.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
         img = self._figure(trainer)
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):

@@ -255,7 +255,7 @@ class EntropyPhaseDiagram(PeriodicCallback):
             self._record(trainer, pl_module)  # resumed: the checkpoint's record again, the same weights
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.intermediate and self.due(trainer):
+        if self.intermediate and self.due(trainer, pl_module):
             self._record(trainer, pl_module)
 
     def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path, overlay_charts, resuming
+from callbacks.base import PeriodicCallback, output_path, overlay_charts, resuming, log_scalars
 from callbacks.figures import _plt, save_figure
 from zoo.theory import gdln as theory
 
@@ -191,7 +191,7 @@ class LossCurves(EpochLosses):
                         t, p = self.predictions[key]
                         i = int(torch.searchsorted(t, torch.tensor(float(first + k), dtype=t.dtype)).clamp(max=len(t) - 1))
                         metrics[f"loss_curve/{tag}"] = float(p[i].mean())
-                PeriodicCallback.log_scalars(trainer, metrics, step=first + k)
+                log_scalars(trainer, metrics, step=first + k)
 
     def epochs_to(self) -> dict[str, Tensor]:
         """Epochs to reach each fraction of the initial loss, mean over members, per model (and prediction)."""
@@ -209,7 +209,7 @@ class LossCurves(EpochLosses):
         times = self.epochs_to()
         metrics = {f"epochs_to/{name}/{f:g}": float(v) for name, vs in times.items() for f, v in zip(self.fractions, vs)
                    if math.isfinite(float(v))}
-        PeriodicCallback.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
         colours = plt.cm.tab10(np.arange(10))
@@ -404,7 +404,7 @@ class XorLearningTimes(pl.Callback):
         deltas, times = self.times(trainer, pl_module)
         metrics = {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
                    for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)}
-        PeriodicCallback.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
         plt = _plt()
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
         style = {"closed_form_linear": dict(color="tab:blue", ls="-", lw=2.5, alpha=0.6, label="linear GDLN (closed form)"),

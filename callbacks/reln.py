@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path, resuming, warn_once
+from callbacks.base import PeriodicCallback, output_path, resuming, warn_once, log_scalars
 from callbacks.figures import _plt, save_figure
 from callbacks.images import log_matrix
 from zoo import reln
@@ -175,7 +175,7 @@ class ActivationPatterns(pl.Callback):
         if chosen is not None:
             metrics["reln/elbow_k"] = chosen
         if metrics:
-            PeriodicCallback.log_scalars(trainer, metrics)
+            log_scalars(trainer, metrics)
         self._figure(trainer, dm)
 
     def _figure(self, trainer: pl.Trainer, dm) -> None:

@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, output_path, warn_once
+from callbacks.base import PeriodicCallback, output_path, warn_once, log_scalars
 from callbacks.figures import save_figure
 from callbacks.images import log_matrix
 from zoo.metrics.dci import DCI_SETTINGS, DCISetting, dci_on_grid
@@ -387,7 +387,7 @@ class SweepFigure(pl.Callback):
 
     def log_summary(self, trainer: pl.Trainer, summary: dict[float, dict[str, float]]) -> None:
         metrics = {f"{self.name}/{k}/{self.param}={v:g}": s for v, row in summary.items() for k, s in row.items()}
-        PeriodicCallback.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
 
 
 METRICS = (("disentanglement", "DCI disentanglement"), ("completeness", "DCI completeness"),

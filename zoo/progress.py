@@ -1,0 +1,32 @@
+"""How far training has come, in the units callbacks schedule on (``callbacks.base.PeriodicCallback``).
+
+``trainer.global_step`` is Lightning's count of optimizer updates and the zoo never writes it.
+A module whose batch is more than one step of the theory's clock (a block of online-SGD samples
+in the teacher-student setting, [S] Sec. 2.2) counts that clock here.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Progress:
+    """Mixin for a LightningModule: ``samples_seen`` (a buffer, so it is saved in checkpoints and
+    lives on the module's device) and ``epochs_done``. Call ``count_samples(n)`` once per batch."""
+
+    def init_progress(self) -> None:
+        """Call in ``__init__`` after ``LightningModule.__init__``."""
+        self.register_buffer("samples_seen_", torch.zeros((), dtype=torch.int64))
+
+    def count_samples(self, n: int) -> None:
+        self.samples_seen_ += n
+
+    @property
+    def samples_seen(self) -> int:
+        """Training samples consumed so far (for online SGD: the SGD steps taken)."""
+        return int(self.samples_seen_)
+
+    @property
+    def epochs_done(self) -> int:
+        """Completed passes over the training data (0 when no trainer is attached)."""
+        trainer = getattr(self, "_trainer", None)
+        return int(trainer.current_epoch) if trainer is not None else 0
