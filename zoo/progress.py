@@ -28,5 +28,7 @@ class Progress:
     @property
     def epochs_done(self) -> int:
         """Completed passes over the training data (0 when no trainer is attached)."""
-        trainer = getattr(self, "_trainer", None)
-        return int(trainer.current_epoch) if trainer is not None else 0
+        try:
+            return int(self.trainer.current_epoch)
+        except RuntimeError:  # not attached to a Trainer
+            return 0
