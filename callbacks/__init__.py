@@ -5,7 +5,6 @@ from callbacks.entropy_phase import EntropyPhaseDiagram
 from callbacks.error_curves import ErrorCurves
 from callbacks.forgetting import Forgetting, ForgettingProfile
 from callbacks.gdln import LossCurves, PathwaySingularValues, XorLearningTimes
-from callbacks.images import log_matrix, matrix_to_image
 from callbacks.network_map import NetworkMap
 from callbacks.ntk import NTKDistance
 from callbacks.phase import PhaseDiagram
@@ -21,5 +20,5 @@ __all__ = [
     "ActivationPatterns", "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
     "HiddenMDS", "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
     "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "StereotypicalLoss", "SweepFigure", "TaskForgetting", "TheoryOverlay",
-    "XorLearningTimes", "log_matrix", "matrix_to_image",
+    "XorLearningTimes",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 from callbacks.base import PeriodicCallback, resuming
-from callbacks.images import log_matrix
+from callbacks.base import log_matrix
 
 
 class Balance(PeriodicCallback):

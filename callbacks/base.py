@@ -177,3 +177,17 @@ def log_figure(trainer: pl.Trainer, tag: str, fig, png: str | None = None, step:
     finally:
         plt.close(fig)
     return path
+
+
+def log_matrix(trainer: pl.Trainer, tag: str, M, step: int | None = None, **kw) -> bool:
+    """Log ``M`` as a heatmap (``zoo.plots.matrix.heatmap``) to every TensorBoard logger; warn once
+    and skip where none is attached."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from zoo.plots.matrix import heatmap
+
+    if not any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers):
+        warn_once("matrix images need a TensorBoardLogger; none is attached, so they are skipped")
+        return False
+    log_figure(trainer, tag, heatmap(M, title=kw.pop("title", tag), **kw), step=step)
+    return True

@@ -7,7 +7,7 @@ import torch
 
 from callbacks.base import output_path
 from callbacks.figures import save_figure
-from callbacks.images import log_matrix
+from callbacks.base import log_matrix
 
 
 class PhaseDiagram(pl.Callback):

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path, resuming, warn_once, log_scalars
 from callbacks.figures import _plt, save_figure
-from callbacks.images import log_matrix
+from callbacks.base import log_matrix
 from zoo import reln
 
 

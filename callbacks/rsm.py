@@ -6,7 +6,7 @@ import torch
 
 from callbacks.base import PeriodicCallback, output_path
 from callbacks.figures import matrix_grid_figure
-from callbacks.images import log_matrix
+from callbacks.base import log_matrix
 
 
 class RSM(PeriodicCallback):

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from callbacks.base import HistoryCallback, PeriodicCallback, output_path, overlay_charts
 from callbacks.figures import save_figure
-from callbacks.images import log_matrix
+from callbacks.base import log_matrix
 
 RELU_SMALL_ETA = 0.01
 """Above this learning rate :class:`TheoryOverlay` warns for ReLU: its ODE drops the

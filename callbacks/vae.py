@@ -29,7 +29,7 @@ from torch import Tensor
 
 from callbacks.base import PeriodicCallback, output_path, warn_once, log_scalars
 from callbacks.figures import save_figure
-from callbacks.images import log_matrix
+from callbacks.base import log_matrix
 from zoo.metrics.dci import DCI_SETTINGS, DCISetting, dci_on_grid
 from zoo.vae import BetaVAE, bernoulli_reconstruction, vae_members
 
