@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback, resuming
-from callbacks.base import log_matrix
+from callbacks.base import PeriodicCallback, log_matrix, resuming
 
 
 class Balance(PeriodicCallback):
@@ -30,17 +29,12 @@ class Balance(PeriodicCallback):
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         dev, lam = pl_module.balance_deviation(), pl_module.lam_estimate()
-        metrics = {}
-        for e, lbl in enumerate(pl_module.labels):
-            metrics[f"balance/deviation/{lbl}"] = dev[e]
-            metrics[f"balance/lam/{lbl}"] = lam[e]
-        self.log_scalars(trainer, metrics)
+        metrics = {f"balance/deviation/{lbl}": dev[e] for e, lbl in enumerate(pl_module.labels)}
+        self.log_scalars(trainer, metrics | {f"balance/lam/{lbl}": lam[e] for e, lbl in enumerate(pl_module.labels)})
 
     def _images(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
         B = pl_module.balance()
-        if B.numel() == 0:
+        if not trainer.is_global_zero or B.numel() == 0:
             return
         for e, lbl in enumerate(pl_module.labels[: self.max_images]):
             log_matrix(trainer, f"balance/{lbl}", B[0, e], title=f"W2^T W2 - W1 W1^T ({lbl})")

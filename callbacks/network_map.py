@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback, resuming
-from callbacks.base import log_matrix
+from callbacks.base import PeriodicCallback, log_matrix, resuming
 
 
 class NetworkMap(PeriodicCallback):
@@ -22,9 +21,8 @@ class NetworkMap(PeriodicCallback):
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
         # once per run: the first part of a resumed run logged it
-        if trainer.is_global_zero and not resuming(trainer) and dm is not None and callable(getattr(dm, "modes", None)):
-            m = dm.modes()
-            log_matrix(trainer, "map/target", dm.sigma_yx / m.c, title="target map sigma_yx / c")
+        if trainer.is_global_zero and not resuming(trainer) and callable(getattr(dm, "modes", None)):
+            log_matrix(trainer, "map/target", dm.sigma_yx / dm.modes().c, title="target map sigma_yx / c")
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         if not trainer.is_global_zero:

@@ -2,41 +2,32 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 
-from callbacks.base import PeriodicCallback, output_path, overlay_charts
-from callbacks.figures import loss_and_modes_figure
+from callbacks.base import HistoryCallback, log_figure, overlay_charts
 
 
-class SingularValues(PeriodicCallback):
+class SingularValues(HistoryCallback):
     """Logs ``a_i = u_i^T W v_i`` for the task's modes (``modes/<member>/a<i>``) every n steps.
 
     Where the module has a closed form (``predicted_mode_strengths``: task-aligned two-layer
     lambda-balanced nets, [L] Thm. 5.1, ``tau da/dt = sqrt(lam^2 + 4 a^2)(s - a)``) the theory
     is logged beside it (``modes/<member>/a<i>_theory``) and a TensorBoard custom-scalars chart
-    per member overlays the two (the "CUSTOM SCALARS" tab). At the end of the fit it writes
-    ``singular_values.png`` (loss and modes, theory dashed) into the run's log folder.
+    per member overlays the two (the "CUSTOM SCALARS" tab). At the end of the fit it logs the
+    figure ``zoo.plots.linear.loss_and_modes`` and writes it as ``singular_values.png``.
 
     Needs a module with ``mode_strengths(U, V)`` and a datamodule with ``modes()``.
     """
+
+    HISTORY_KEYS = ("loss_steps", "losses", "steps", "strengths")
 
     def __init__(self, every_n_steps: int = 10, max_modes: int = 8, figure: bool = True) -> None:
         super().__init__(every_n_steps)
         if max_modes < 1:
             raise ValueError(f"SingularValues: max_modes = {max_modes}; allowed: a positive integer")
         self.max_modes, self.figure = max_modes, figure
-        self.history: dict[str, list] = {"loss_steps": [], "losses": [], "steps": [], "strengths": []}
-        self._modes = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = state_dict["history"]
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "mode_strengths")
@@ -50,44 +41,35 @@ class SingularValues(PeriodicCallback):
                        {lbl: f"modes/{re.escape(lbl)}/a\\d+(_theory)?$" for lbl in pl_module.labels})
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
-        if outputs is None and self.history["steps"] and self.history["steps"][-1] == trainer.global_step:
+        h, g = self.history, trainer.global_step
+        if outputs is None and h["steps"] and h["steps"][-1] == g:
             return  # resumed at a logged step
         if isinstance(outputs, dict) and "member_loss" in outputs:
             # tensors, not numpy arrays: callback state must load from checkpoints with weights_only
-            self.history["loss_steps"].append(int(outputs.get("loss_step", trainer.global_step - 1)))
-            self.history["losses"].append(outputs["member_loss"].detach().cpu().double())
-        self._record(trainer, pl_module)
-
-    def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        m, g = self._modes, trainer.global_step
+            h["loss_steps"].append(int(outputs.get("loss_step", g - 1)))
+            h["losses"].append(outputs["member_loss"].detach().cpu().double())
+        m = self._modes
         a = pl_module.mode_strengths(m.U, m.V).cpu().double()
         pred = pl_module.predicted_mode_strengths(torch.tensor([g]), m)
-        self.history["steps"].append(g)
-        self.history["strengths"].append(a.clone())
+        h["steps"].append(g)
+        h["strengths"].append(a.clone())
         metrics = {}
         for e, lbl in enumerate(pl_module.labels):
-            for i in range(a.shape[1]):
-                metrics[f"modes/{lbl}/a{i}"] = a[e, i]
-                if pred is not None:
-                    metrics[f"modes/{lbl}/a{i}_theory"] = pred[e, 0, i]
-        self.log_scalars(trainer, metrics, step=g)
+            metrics.update({f"modes/{lbl}/a{i}": a[e, i] for i in range(a.shape[1])})
+            if pred is not None:
+                metrics.update({f"modes/{lbl}/a{i}_theory": pred[e, 0, i] for i in range(a.shape[1])})
+        self.log_scalars(trainer, metrics)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from zoo.plots.linear import loss_and_modes
+
         h = self.history
         if not (self.figure and trainer.is_global_zero and h["steps"] and h["losses"]):
             return
-        steps = np.asarray(h["steps"])
-        dense = torch.linspace(0, float(steps.max()), 400)
+        dense = torch.linspace(0, float(max(h["steps"])), 400)
         pred = pl_module.predicted_mode_strengths(dense, self._modes)
-        loss_and_modes_figure(
-            output_path(trainer, "singular_values.png"),
-            pl_module.labels,
-            np.asarray(h["loss_steps"]),
-            torch.stack(h["losses"]).numpy(),
-            steps,
-            torch.stack(h["strengths"]).numpy(),
-            dense.numpy() if pred is not None else None,
-            pred.transpose(0, 1).numpy() if pred is not None else None,
-            targets=self._modes.s.numpy(),
-            title=f"{type(pl_module).__name__}: loss and mode strengths (dotted: task singular values)",
-        )
+        fig = loss_and_modes(pl_module.labels, h["loss_steps"], torch.stack(h["losses"]).numpy(), h["steps"],
+                             torch.stack(h["strengths"]).numpy(), None if pred is None else dense.numpy(),
+                             None if pred is None else pred.transpose(0, 1).numpy(), targets=self._modes.s.numpy(),
+                             title=f"{type(pl_module).__name__}: loss and mode strengths (dotted: task singular values)")
+        log_figure(trainer, "singular_values", fig, png="singular_values.png")

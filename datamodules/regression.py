@@ -9,6 +9,10 @@ learning rate ``lr``, gradient descent follows ``tau dW/dt = sigma_yx - W sigma_
 
 By default a training epoch is ``batches_per_epoch`` full batches (full-batch gradient
 descent, the papers' setting); ``batch_size`` switches to shuffled minibatches.
+
+Validation and test evaluate on the task's data set itself, as one batch: [L]'s tasks are fixed
+data sets to fit (the papers study the learning dynamics, not generalisation), so the error on
+them is the training error of the current weights.
 """
 from __future__ import annotations
 
@@ -158,6 +162,12 @@ class LinearTask(pl.LightningDataModule):
             return DataLoader(RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
         return ResumableLoader(TensorDataset(X, Y), self.batch_size, EpochShuffle(X.shape[0], self.seed),
                                batches_done=self._batches_done)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(RepeatedBatch(*self._data(), 1), batch_size=None, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
 
     def _batches_done(self) -> int:
         """Batches of the current epoch trained on (0 outside a fit)."""

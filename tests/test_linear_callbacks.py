@@ -83,7 +83,7 @@ def test_phase_diagram_simulation_equals_plain_gradient_descent(tmp_path):
     share = simulate_two_pathways(torch.tensor(lam1)[:, None], torch.tensor(lam2)[None, :], s=1.0, lr=0.02,
                                   steps=500, a0=1e-2)
     assert np.allclose(cb.result["share"], share.numpy(), atol=1e-6)
-    assert cb.result["theory"].shape == (3, 2)
+    assert cb.result["escape"].shape == (3, 2)
     assert "phase/agreement" in acc.Tags()["scalars"]
     assert any(p.name == "phase_diagram.png" for p in (tmp_path / "tb").rglob("*.png"))
 

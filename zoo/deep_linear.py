@@ -10,10 +10,17 @@ the members' losses, so each member receives exactly its own gradient.
 
 Each ``training_step`` takes ``steps_per_batch`` gradient steps on its batch (manual
 optimisation): Lightning's per-step overhead is many times the cost of a step of a small
-linear network, and the papers' experiments take thousands of steps. ``global_step`` counts
-gradient steps, so ``max_steps`` and the callbacks' ``every_n_steps`` mean what they say. The
-gradients are computed in closed form (:meth:`DeepLinearNet.losses_and_gradients`) unless a
-subclass overrides ``member_loss``, which then trains by autograd.
+linear network, and the papers' experiments take thousands of steps. Each step is one
+``optimizer.step()``, so Lightning's own ``global_step`` counts gradient steps and ``max_steps``
+and the callbacks' ``every_n_steps`` mean what they say; ``samples_seen`` counts the samples
+those steps consumed (``zoo.progress``). The gradients are computed in closed form
+(:meth:`DeepLinearNet.losses_and_gradients`) unless a subclass overrides ``member_loss``, which
+then trains by autograd.
+
+``validate`` / ``test`` report the mean squared error per output entry (a torchmetrics
+``MeanSquaredError``, reduced across devices) of every member on the datamodule's evaluation set:
+``val/mse`` and ``test/mse`` (mean over members) and, for ensembles up to ``MAX_MEMBER_TAGS``,
+``.../mse/<member>``. It is ``2 / n_out`` times the training loss on the same data.
 """
 from __future__ import annotations
 
@@ -23,16 +30,16 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
+from torchmetrics.regression import MeanSquaredError
 
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
-from zoo.init import InitScheme, LambdaBalanced, from_spec
+from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
+from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.progress import Progress
 
-MAX_MEMBER_TAGS = 32
-"""Ensembles up to this size log one loss curve per member; larger ones (sweeps) log the mean."""
 
-
-class DeepLinearNet(pl.LightningModule):
+class DeepLinearNet(Progress, pl.LightningModule):
     """An L-layer linear network ``dims = [n_in, n_1, ..., n_out]``, trained by (full-batch) GD.
 
     Args:
@@ -87,7 +94,11 @@ class DeepLinearNet(pl.LightningModule):
         self.task_aligned, self.seed, self.steps_per_batch = task_aligned, seed, steps_per_batch
         self.reversed_modes = list(reversed_modes or [])
         self.automatic_optimization = False
-        self.labels = scheme.labels(E)
+        self.init_progress()
+        self.member_params = scheme_member_params(scheme, E, seed)
+        self.labels = member_labels(self.member_params)
+        # per member (num_outputs = E); one per stage so validation inside a fit leaves test's alone
+        self.val_mse, self.test_mse = MeanSquaredError(num_outputs=E), MeanSquaredError(num_outputs=E)
         ws = scheme.weights(self.shapes, ensemble=E, generator=torch.Generator().manual_seed(seed))
         self.W = nn.ParameterList([nn.Parameter(w) for w in ws])
         self._remember_init()
@@ -234,6 +245,48 @@ class DeepLinearNet(pl.LightningModule):
         return qqt(W1, W2, sigma_yx.double().cpu() / c, lam=lam.cpu(), t=steps.double().cpu(),
                    tau=1.0 / (self.lr * c))
 
+    def predicted_rsms(self, steps: Tensor, sigma_yx: Tensor, c: float = 1.0) -> tuple[Tensor, Tensor] | None:
+        """Input and output RSMs ``W1^T W1``, ``W2 W2^T`` at the given steps from the closed form
+        ([L] Thm. 4.3 and Sec. 5), each (E, T, n, n), or None where :meth:`predicted_qqt` is."""
+        Q = self.predicted_qqt(steps, sigma_yx, c)
+        if Q is None:
+            return None
+        from zoo.theory.linear import input_rsm, output_rsm
+
+        return input_rsm(Q, self.dims[0]), output_rsm(Q, self.dims[0])
+
+    def predicted_ntk(self, steps: Tensor, x: Tensor, sigma_yx: Tensor, c: float = 1.0) -> Tensor | None:
+        """The NTK on inputs ``x`` (P, n_in) at the given steps from the closed form ([L] Thm. 4.3,
+        Eq. 5), (E, T, n_out P, n_out P) in :meth:`ntk`'s layout, or None where
+        :meth:`predicted_qqt` is."""
+        Q = self.predicted_qqt(steps, sigma_yx, c)
+        if Q is None:
+            return None
+        from zoo.theory.linear import linear_ntk_from_qqt
+
+        return linear_ntk_from_qqt(Q, x.double().cpu(), self.dims[0])
+
+    def pathway_phase(self, modes) -> dict[str, Tensor]:
+        """The two-pathway phase diagram of a ``PathwayGrid`` ensemble ([S] Sec. 3.1, Fig. 3c) on the
+        task's first mode: ``share``, the slow pathway's (lam2) share of the map now, and
+        ``escape``, [S] Algorithm 1's minimum remaining escape time of the slow pathway in steps
+        (``zoo.theory.phase.phase_diagram``; > 0: the network specialises), each (len(lam1),
+        len(lam2)), beside the grid's ``lam1`` and ``lam2``."""
+        scheme = self.init_scheme
+        if not isinstance(scheme, PathwayGrid):
+            raise TypeError(f"pathway_phase needs init PathwayGrid; this network has {type(scheme).__name__}")
+        from zoo.theory.phase import phase_diagram
+
+        n1, n2 = scheme.grid_shape
+        omegas = self.pathway_strengths(modes.U[:, 0], modes.V[:, 0]).cpu()  # (E, 2)
+        lam1 = torch.tensor(scheme.params["lam1"], dtype=torch.float64)
+        lam2 = torch.tensor(scheme.params["lam2"], dtype=torch.float64)
+        # whitened form: target s/c, time constant tau/c with tau = 1/lr steps: times come out in steps
+        kw = dict(omega0=scheme.omega0) if scheme.omega0 is not None else dict(a0=scheme.a0)
+        escape = phase_diagram(lam1[:, None], lam2[None, :], s=float(modes.s[0]), d=1.0,
+                               tau=1.0 / (self.lr * modes.c), **kw)
+        return {"lam1": lam1, "lam2": lam2, "share": (omegas[:, 1] / omegas.sum(-1)).reshape(n1, n2), "escape": escape}
+
     def _mode_signs(self, k: int) -> Tensor:
         signs = torch.ones(k, dtype=torch.float64)
         for i in self.reversed_modes:
@@ -327,14 +380,53 @@ class DeepLinearNet(pl.LightningModule):
                 opt.zero_grad(set_to_none=True)
                 self.manual_backward(losses.sum())
             opt.step()
+        self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
         self.log("loss", first.mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
         # the losses of the weights at step `loss_step`, before this call's updates
         return {"loss": first.sum(), "member_loss": first, "loss_step": first_step}
 
+    # -- evaluation ([L]'s tasks are fixed data sets: the datamodules evaluate on the task itself) ----
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._update_mse(self.val_mse, batch)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._update_mse(self.test_mse, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_mse("val", self.val_mse)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_mse("test", self.test_mse)
+
+    def _update_mse(self, metric: MeanSquaredError, batch: tuple[Tensor, Tensor]) -> None:
+        x, y = batch
+        pred = self(x).detach()  # (E, B, n_out)
+        target = y.to(pred.dtype).expand_as(pred)
+        # columns are members: (B * n_out, E)
+        metric.update(pred.flatten(1).transpose(0, 1), target.flatten(1).transpose(0, 1))
+
+    def _log_mse(self, stage: str, metric: MeanSquaredError) -> None:
+        mse = metric.compute().reshape(self.ensemble)  # reduced across devices
+        metric.reset()
+        self.log(f"{stage}/mse", mse.mean())
+        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+            self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)})
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def scheme_member_params(scheme: InitScheme, ensemble: int, seed: int) -> list[dict]:
+    """One dict per member: its init parameters (``InitScheme.params``, a list parameter's
+    ``e``-th value) and the weights' seed; a ``PathwayGrid`` member has its grid point (lam1, lam2)."""
+    if isinstance(scheme, PathwayGrid):
+        lam1, lam2 = scheme.grid()
+        points = [{"lam1": a, "lam2": b} for a, b in zip(lam1.tolist(), lam2.tolist())]
+        return [p | {"a0": scheme.a0, "omega0": scheme.omega0, "seed": seed} for p in points]
+    return [{k: v[e] if len(v) > 1 else v[0] for k, v in scheme.params.items()} | {"seed": seed}
+            for e in range(ensemble)]
 
 
 class _Member(nn.Module):
