@@ -15,8 +15,7 @@ class NTKDistance(HistoryCallback):
 
     Where the module predicts the NTK (``predicted_ntk``: two-layer lambda-balanced networks,
     [L] Thm. 4.3 + Braun et al. 2022) ``ntk/distance_theory/<member>`` is logged beside it (CUSTOM
-    SCALARS overlays the two). The NTK at initialisation is kept in the callback's state, so a
-    resumed run continues the same curve. Logs ``zoo.plots.linear.curves_with_theory`` at the
+    SCALARS overlays the two). Logs ``zoo.plots.linear.curves_with_theory`` at the
     end and writes it as ``ntk_distance.png``.
 
     Args:
@@ -26,21 +25,13 @@ class NTKDistance(HistoryCallback):
         seed: seed of that subset.
     """
 
-    HISTORY_KEYS = ("steps", "distance", "theory")
+    HISTORY_KEYS = ("steps", "distance", "theory", "K0")  # K0: the NTK at initialisation, kept on resume
 
     def __init__(self, every_n_steps: int = 10, probe_size: int = 32, seed: int = 0, figure: bool = True) -> None:
         super().__init__(every_n_steps)
         if probe_size < 1:
             raise ValueError(f"NTKDistance: probe_size = {probe_size}; allowed: a positive integer")
         self.probe_size, self.seed, self.figure = probe_size, seed, figure
-        self.K0: torch.Tensor | None = None
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "K0": self.K0}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        self.K0 = state_dict["K0"]
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "ntk")
@@ -56,8 +47,8 @@ class NTKDistance(HistoryCallback):
                        {lbl: f"ntk/distance(_theory)?/{re.escape(lbl)}$" for lbl in pl_module.labels})
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.K0 is None:  # a resumed run keeps the kernel at initialisation from its state
-            self.K0 = pl_module.ntk(self._probe).detach().cpu().double()
+        if not self.history["K0"]:  # a resumed run has it from the checkpoint
+            self.history["K0"].append(pl_module.ntk(self._probe).detach().cpu().double())
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         from zoo.metrics.ntk import kernel_distance
@@ -65,7 +56,7 @@ class NTKDistance(HistoryCallback):
         g, h = trainer.global_step, self.history
         if h["steps"] and h["steps"][-1] == g:  # resumed at a logged step
             return
-        dist = kernel_distance(self.K0, pl_module.ntk(self._probe).detach().cpu().double())
+        dist = kernel_distance(h["K0"][0], pl_module.ntk(self._probe).detach().cpu().double())
         metrics = {f"ntk/distance/{lbl}": dist[e] for e, lbl in enumerate(pl_module.labels)}
         predict = getattr(pl_module, "predicted_ntk", None)
         K = None if self._task is None or predict is None else predict(torch.tensor([0.0, g]), self._probe, *self._task)

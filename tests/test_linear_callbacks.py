@@ -52,7 +52,7 @@ def test_ntk_distance_resume_keeps_the_initial_kernel(tmp_path):
     ckpt = trainer.checkpoint_callback.best_model_path
     cb2 = NTKDistance(every_n_steps=10)
     _, acc = _fit(tmp_path, make(), dm, [cb2], steps=40, ckpt=ckpt, name="b")
-    assert torch.equal(cb2.K0, cb.K0)
+    assert torch.equal(cb2.history["K0"][0], cb.history["K0"][0])
     assert cb2.history["steps"][0] == 0 and cb2.history["steps"][-1] == 40
 
 
@@ -103,3 +103,16 @@ def test_pathway_grid_sets_each_pathways_imbalance():
     assert torch.allclose(W2[:, 0, :] * W1[:, :, 0], torch.full((6, 2), 0.01, dtype=torch.float64), atol=1e-12)
     with pytest.raises(ValueError, match="exactly one of 'omega0' and 'a0'"):
         PathwayGrid(omega0=0.1, a0=0.1)
+
+
+def test_phase_agreement_counts_only_points_where_pathway_one_is_faster():
+    from zoo.analysis.phase import phase_agreement
+
+    lam1, lam2 = torch.tensor([0.0, 1.0, -2.0]), torch.tensor([0.5, 1.5])
+    # rows lam1, columns lam2; the lam1 = 0 row and (1, 1.5) are outside |lam1| > |lam2|
+    escape = torch.tensor([[9.0, 9.0], [5.0, 9.0], [float("nan"), 3.0]])  # NaN: never stalls
+    share = torch.tensor([[0.9, 0.9], [0.01, 0.9], [0.3, 0.5]])
+    # (1, 0.5): both specialised; (-2, 0.5): neither; (-2, 1.5): theory yes, simulation no
+    assert phase_agreement(lam1, lam2, escape, share) == pytest.approx(2 / 3)
+    assert phase_agreement(lam1, lam2, escape, share, threshold_steps=4.0) == 1.0  # (-2, 1.5): neither
+    assert np.isnan(phase_agreement(torch.tensor([0.0]), lam2, escape[:1], share[:1]))
