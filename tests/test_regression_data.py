@@ -66,3 +66,11 @@ def test_full_batch_and_minibatch_loaders():
     assert [b[0].shape[0] for b in dm.train_dataloader()] == [8, 8, 4]
     with pytest.raises(ValueError, match="batch_size = 0"):
         WhitenedRegression(batch_size=0)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_validation_and_test_evaluate_on_the_task_itself_in_one_batch(batch_size):
+    dm = RankOne(n_in=3, n_out=2, num_samples=10, batch_size=batch_size)
+    for loader in (dm.val_dataloader(), dm.test_dataloader()):
+        batches = list(loader)
+        assert len(batches) == 1 and torch.equal(batches[0][0], dm.X) and torch.equal(batches[0][1], dm.Y)

@@ -382,6 +382,9 @@ class DeepLinearNet(Progress, pl.LightningModule):
             opt.step()
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
         self.log("loss", first.mean(), prog_bar=True)
+        # a logged "step" is the loggers' x-axis (Lightning's documented rule): the step these losses
+        # belong to, as the callbacks' curves, not the count of batches
+        self.log("step", float(first_step))
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
         # the losses of the weights at step `loss_step`, before this call's updates
@@ -410,7 +413,7 @@ class DeepLinearNet(Progress, pl.LightningModule):
     def _log_mse(self, stage: str, metric: MeanSquaredError) -> None:
         mse = metric.compute().reshape(self.ensemble)  # reduced across devices
         metric.reset()
-        self.log(f"{stage}/mse", mse.mean())
+        self.log_dict({f"{stage}/mse": mse.mean(), "step": float(self.global_step)})
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)})
 
