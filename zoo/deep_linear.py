@@ -413,7 +413,9 @@ class DeepLinearNet(Progress, pl.LightningModule):
     def _log_mse(self, stage: str, metric: MeanSquaredError) -> None:
         mse = metric.compute().reshape(self.ensemble)  # reduced across devices
         metric.reset()
-        self.log_dict({f"{stage}/mse": mse.mean(), "step": float(self.global_step)})
+        self.log(f"{stage}/mse", mse.mean())
+        if self.trainer.state.fn == "fit":  # at the step of training; validate/test have no step of their own
+            self.log("step", float(self.global_step))
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)})
 
