@@ -13,6 +13,9 @@ from datamodules import SemanticHierarchy
 from zoo import DeepLinearNet
 from zoo.init import LambdaBalanced
 
+# tiny networks: a second thread only waits for a core (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _fit(tmp_path, callbacks, steps=40, steps_per_batch=1, aligned=True, logger=True):
     net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.01), lr=0.05,

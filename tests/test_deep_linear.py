@@ -9,6 +9,9 @@ from datamodules import SemanticHierarchy, WhitenedRegression
 from zoo import DeepLinearNet, DivergenceError
 from zoo.init import Gaussian, LambdaBalanced
 
+# tiny networks: a second thread only waits for a core (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def trainer(max_steps: int, **kw) -> pl.Trainer:
     opts = dict(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -83,7 +86,8 @@ def test_balance_is_conserved_up_to_the_step_size():
     devs = []
     for lr in (0.02, 0.01):
         dm = WhitenedRegression(n_in=5, n_out=5, num_samples=30, batches_per_epoch=50)
-        net = DeepLinearNet(dims=[5, 5, 5], init=LambdaBalanced(lam=[-1.0, 1.0], scale=0.5), lr=lr)
+        # 10 GD steps per batch: the same trajectory (test_steps_per_batch_gives_the_same_trajectory), less overhead
+        net = DeepLinearNet(dims=[5, 5, 5], init=LambdaBalanced(lam=[-1.0, 1.0], scale=0.5), lr=lr, steps_per_batch=10)
         _train(net, dm, int(4 / lr))
         devs.append(net.balance_deviation())
         assert torch.allclose(net.lam_estimate(), torch.tensor([-1.0, 1.0]), atol=20 * lr)
@@ -140,7 +144,7 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
         from callbacks import SingularValues
 
         # a stateful callback rides along: its state must load from the checkpoint too
-        t = trainer(max_steps, enable_checkpointing=True, default_root_dir=root, callbacks=[SingularValues(10)])
+        t = trainer(max_steps, enable_checkpointing=True, default_root_dir=root, callbacks=[SingularValues(10, figure=False)])
         t.fit(net, datamodule=dm, ckpt_path=ckpt)
         return net, t
 

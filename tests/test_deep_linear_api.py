@@ -11,6 +11,9 @@ from datamodules import WhitenedRegression
 from zoo import DeepLinearNet
 from zoo.init import Gaussian, LambdaBalanced, PathwayGrid
 
+# tiny networks: a second thread only waits for a core (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _fit(net, dm, steps):
     t = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -30,7 +33,7 @@ def test_member_params_hold_each_members_numbers_and_labels_name_what_varies():
     assert DeepLinearNet(dims=[3, 3], init=Gaussian(sigma=0.1), ensemble=2).labels == ["member0", "member1"]
 
 
-def test_a_subclass_loss_is_what_trains_checked_against_a_plain_gradient_descent_loop(one_thread):
+def test_a_subclass_loss_is_what_trains_checked_against_a_plain_gradient_descent_loop():
     """Override point ``member_loss``: a quartic loss trains by autograd; the same steps written
     out by hand on each member's weights alone give the same weights."""
     class Quartic(DeepLinearNet):
@@ -59,7 +62,7 @@ def test_a_subclass_loss_is_what_trains_checked_against_a_plain_gradient_descent
     assert not torch.allclose(plain.W[0], net.W[0], atol=1e-4)
 
 
-def test_global_step_counts_optimizer_updates_and_samples_seen_the_samples_they_used(one_thread):
+def test_global_step_counts_optimizer_updates_and_samples_seen_the_samples_they_used():
     dm = WhitenedRegression(n_in=3, n_out=3, num_samples=12, batches_per_epoch=4)
     net = DeepLinearNet(dims=[3, 3, 3], init=LambdaBalanced(lam=0.0, scale=0.1), lr=0.05, steps_per_batch=5)
     t = _fit(net, dm, 40)
@@ -67,7 +70,7 @@ def test_global_step_counts_optimizer_updates_and_samples_seen_the_samples_they_
     assert (t.global_step, net.samples_seen, net.epochs_done) == (40, 8 * 5 * 12, 2)
 
 
-def test_fit_then_test_through_the_cli_reports_each_members_mse(in_tmp, capsys, one_thread):
+def test_fit_then_test_through_the_cli_reports_each_members_mse(in_tmp, capsys):
     config = in_tmp / "tiny.yaml"
     config.write_text("""
 model:

@@ -15,6 +15,9 @@ from zoo import DeepLinearNet
 from zoo.init import Gaussian, LambdaBalanced, PathwayGrid
 from zoo.metrics import kernel_distance, linear_ntk
 
+# tiny networks: a second thread only waits for a core (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _fit(tmp_path, net, dm, callbacks, steps, ckpt=None, name="tb"):
     trainer = pl.Trainer(max_steps=steps, logger=TensorBoardLogger(tmp_path, name=name), callbacks=callbacks,
