@@ -118,7 +118,7 @@ def test_consolidation_happens_at_the_switch_with_the_end_of_task_weights():
 
     class Spy(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step == 1000:
+            if pl_module.samples_seen == 1000:
                 seen["W"] = pl_module.W.detach().clone()
 
     trainer(callbacks=[Spy()]).fit(net, dm)

@@ -1,7 +1,7 @@
 """Exact resume of the streamed families across the task switch: MultiHeadStudent on
 TeacherStudent (ode_vs_simulation: TheoryOverlay, OrderParameters, Entropies; fig6: ForgettingProfile;
 fig7: EWC anchored at the switch, ErrorCurves) and MultiHeadClassifier on MNISTContinual (fig12:
-TaskForgetting, on tiny IDX files from test_mnist_continual.tiny_mnist). Each run is stopped by a smaller max_steps (before
+TaskForgetting, on tiny IDX files from helpers_mnist.tiny_mnist). Each run is stopped by a smaller max_steps (before
 and after the switch) or killed with SIGKILL after its first mid-run checkpoint, then resumed with
 --ckpt_path last: weights, scalars and figures equal the uninterrupted run's, bit for bit.
 Without the slow ones (-m "not slow"): a stop before the switch (student), at it and a kill after
@@ -169,7 +169,7 @@ def resume_from_the_switch(folder, args, switch):
 # -- MultiHeadClassifier on MNISTContinual ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mnist_dir(tmp_path_factory):
-    from test_mnist_continual import tiny_mnist
+    from helpers_mnist import tiny_mnist
 
     return tiny_mnist(tmp_path_factory.mktemp("mnist"))
 

@@ -248,9 +248,22 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
         F = self.consolidation_fisher(x.to(self.W.device), y.to(self.W.device), old)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__, self.step_size_name)
         for lg in self.trainer.loggers:
             lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.event_step())
+
+    def begin_task(self, task: int) -> None:
+        """At a training batch of ``task``: switch if it is a new one (a datamodule without
+        ``task_at`` switches here, at the new task's first step) and, before the first step on an
+        EWC penalty, check that SGD is stable on it."""
+        if task == int(self.task):
+            return
+        if self._task_ended != int(self.task):
+            self._switch_step = self.global_step
+            self.on_task_switch(int(self.task), task)
+        if self.ewc is not None and self.ewc.active:
+            self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__,
+                                     self.step_size_name)
+        self.task.fill_(task)
 
     logs_on_samples = False
     """True: the module logs at ``samples_seen`` (Lightning's ``step`` key) instead of ``global_step``."""

@@ -296,9 +296,7 @@ class MultiHeadStudent(MultiHeadModule):
         S, B = x.shape[:2]
         y = y.to(self.W.dtype)[..., self.teacher_index % y.shape[-1]]  # (S, B, E)
         self._check_stream_position(batch, B)
-        if task != int(self.task) and self._task_ended != int(self.task):
-            self.on_task_switch(int(self.task), task)  # a datamodule without task_at: at the new task's first step
-        self.task.fill_(task)
+        self.begin_task(task)
         Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
         losses = 0.5 * Delta.pow(2).mean((0, 1))
         check_finite(losses, step=self.samples_seen, labels=self.labels,
