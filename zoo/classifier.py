@@ -81,7 +81,7 @@ class MultiHeadClassifier(MultiHeadModule):
         super().__init__()
         name = type(self).__name__
         check_positive_ints(name, n_in=n_in, hidden=hidden, n_classes=n_classes, n_tasks=n_tasks)
-        self.activation_name = self.check_activation(activation)
+        self.set_activation(activation)
         self.lr = self.check_step_size(name, "lr", lr)
         schemes, ewc, plain = self.init_members(init_w, init_heads, init_later_heads, ewc)
         save_own_hyperparameters(self, **plain)

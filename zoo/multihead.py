@@ -61,6 +61,15 @@ def phi_grad(name: str, lam: Tensor) -> Tensor:
     return torch.ones_like(lam)
 
 
+class BuiltinActivation(str):
+    """A built-in activation's name that is also its function: ``module.activation`` reads as the
+    name (``"erf"``: what the mean-field theory and the callbacks dispatch on) and calls as ``phi``.
+    Set on a module only when its class does not override ``activation``."""
+
+    def __call__(self, lam: Tensor) -> Tensor:
+        return phi(str(self), lam)
+
+
 def check_positive_ints(owner: str, **values: object) -> None:
     """Bad sizes are an error naming the argument, before anything is built."""
     for arg, value in values.items():
@@ -128,10 +137,14 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         W, heads = multi_head_weights(members, n_tasks, w_shape, head_shape)
         return W.float().repeat_interleave(self.G, 0), heads.float().repeat_interleave(self.G, 0)
 
-    def check_activation(self, activation: str, allowed: tuple[str, ...] = ACTIVATIONS) -> str:
-        if activation not in allowed:
-            raise ValueError(f"{type(self).__name__}: activation = {activation!r}; allowed: {', '.join(allowed)}")
-        return activation
+    def set_activation(self, activation: str) -> None:
+        """``activation_name``, and unless a subclass overrides ``activation(lam)``, ``activation``
+        as a :class:`BuiltinActivation` (the name, callable)."""
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{type(self).__name__}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
+        self.activation_name = str(activation)
+        if type(self).activation is MultiHeadModule.activation:
+            self.activation = BuiltinActivation(activation)
 
     @staticmethod
     def check_step_size(owner: str, name: str, value: float) -> float:

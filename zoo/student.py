@@ -152,7 +152,7 @@ class MultiHeadStudent(MultiHeadModule):
         super().__init__()
         name = type(self).__name__
         check_positive_ints(name, d=d, p=p, n_tasks=n_tasks)
-        self.activation_name = self.check_activation(activation)
+        self.set_activation(activation)
         self.eta = self.check_step_size(name, "eta", eta)
         schemes, ewc, plain = self.init_members(init_w, init_heads, init_later_heads, ewc)
         save_own_hyperparameters(self, **plain)
