@@ -10,6 +10,9 @@ from zoo.classifier import MultiHeadClassifier
 from zoo.ewc import EWC
 from zoo.init import EntropyMix, Gaussian
 
+# tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def small(**kw) -> MultiHeadClassifier:
     opts = dict(n_in=12, hidden=7, n_classes=3, init_w=Gaussian(sigma=1.0),

@@ -13,6 +13,9 @@ from zoo.ewc import EWC, EWCState
 from zoo.init import Gaussian, Polar
 from zoo.student import phi
 
+# tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def trainer(**kw) -> pl.Trainer:
     opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

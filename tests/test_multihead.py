@@ -21,6 +21,8 @@ from zoo import MultiHeadStudent
 from zoo.classifier import MultiHeadClassifier
 from zoo.init import Gaussian, Polar
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny networks (conftest.one_thread)
+
 
 def fit(net, dm, **kw) -> pl.Trainer:
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -75,7 +77,7 @@ def erf_phi(lam):
     (HuberStudent, erf_phi, lambda z: math.sqrt(2 / math.pi) * torch.exp(-z * z / 2), lambda r: r.clamp(-0.05, 0.05)),
     (StraightThroughStudent, erf_phi, torch.ones_like, lambda r: r),
 ])
-def test_student_override_points_change_what_is_trained(one_thread, cls, phi, phi_grad, loss_grad):
+def test_student_override_points_change_what_is_trained(cls, phi, phi_grad, loss_grad):
     d, eta = 30, 0.8
     dm = TeacherStudent(d=d, n_tasks=1, num_steps=120, steps_per_batch=60, seed=3)
     net = cls(d=d, n_tasks=1, eta=eta, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).double()
@@ -116,7 +118,7 @@ class DoubledLossClassifier(MultiHeadClassifier):
 
 @pytest.mark.parametrize("cls, act, scale", [(SoftplusClassifier, F.softplus, 1.0),
                                               (DoubledLossClassifier, torch.sigmoid, 2.0)])
-def test_classifier_override_points_change_what_is_trained(one_thread, tmp_path, cls, act, scale):
+def test_classifier_override_points_change_what_is_trained(tmp_path, cls, act, scale):
     dm = MNISTContinual(str(tiny_mnist(tmp_path)), shared=2, batch_size=8, steps=[2, 2], seed=0)
     net = cls(hidden=6, lr=0.5, init_w=Gaussian(sigma=1.0))
     W, heads = net.W[0].detach().clone().requires_grad_(True), net.heads[0].detach().clone().requires_grad_(True)
@@ -138,7 +140,7 @@ ODE_SMOKE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml"
              "--data.init_args.num_test=20000", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false"]
 
 
-def test_lightning_test_of_a_student_checkpoint_prints_per_task_errors(one_thread, in_tmp):
+def test_lightning_test_of_a_student_checkpoint_prints_per_task_errors(in_tmp):
     run_cli("fit", *ODE_SMOKE)
     ckpt = in_tmp / "lightning_logs/version_0/checkpoints/last.ckpt"
     cli = run_cli("test", *ODE_SMOKE, "--ckpt_path", str(ckpt))
@@ -157,7 +159,7 @@ def test_lightning_test_of_a_student_checkpoint_prints_per_task_errors(one_threa
     assert float(got["test/task1/error"]) > 10 * float(got["test/task2/error"])  # task 1 forgotten
 
 
-def test_lightning_test_of_a_classifier_checkpoint_prints_per_task_accuracy(one_thread, in_tmp):
+def test_lightning_test_of_a_classifier_checkpoint_prints_per_task_accuracy(in_tmp):
     args = ["--config", f"{REPO}/recipes/specialisation/fig12_mnist_forgetting.yaml",
             f"--data.init_args.data_dir={tiny_mnist(in_tmp / 'data')}", "--data.init_args.steps=[3,3]",
             "--data.init_args.digit_draws=1", "--data.init_args.shared=[0,5]", "--model.init_args.hidden=8",

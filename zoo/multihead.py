@@ -34,31 +34,49 @@ ACTIVATIONS = ("erf", "relu", "sigmoid", "linear", "tanh")
 """The built-in ``phi`` (``erf`` is ``erf(lam / sqrt 2)``, [S] Sec. 2.2)."""
 
 
+# The built-ins in the scaled variable ``u = kappa lam`` that the student's SGD kernel runs on
+# (erf: ``phi = erf(u)``, ``u = lam / sqrt 2``); ``phi'(lam) = dphi_const * dphi_u(u)``.
+def kappa(name: str) -> float:
+    return 1.0 / math.sqrt(2.0) if name == "erf" else 1.0
+
+
+def dphi_const(name: str) -> float:
+    return math.sqrt(2.0 / math.pi) if name == "erf" else 1.0
+
+
+def phi_u(name: str, u: Tensor) -> Tensor:
+    if name == "erf":
+        return torch.erf(u)
+    if name == "relu":
+        return torch.relu(u)
+    if name == "sigmoid":
+        return torch.sigmoid(u)
+    if name == "tanh":
+        return torch.tanh(u)
+    return u
+
+
+def dphi_u(name: str, u: Tensor, phi: Tensor) -> Tensor | None:
+    """``phi'(lam) / dphi_const`` from ``u`` and ``phi`` (None for linear: it is 1)."""
+    if name == "erf":
+        return torch.exp(-(u * u))
+    if name == "relu":
+        return (u > 0).to(u.dtype)
+    if name in ("sigmoid", "tanh"):
+        return phi - phi * phi if name == "sigmoid" else 1 - phi * phi
+    return None
+
+
 def phi(name: str, lam: Tensor) -> Tensor:
     """The built-in activation ``name`` at ``lam``."""
-    if name == "erf":
-        return torch.erf(lam * (1.0 / math.sqrt(2.0)))
-    if name == "relu":
-        return torch.relu(lam)
-    if name == "sigmoid":
-        return torch.sigmoid(lam)
-    if name == "tanh":
-        return torch.tanh(lam)
-    return lam
+    return phi_u(name, lam * kappa(name))
 
 
 def phi_grad(name: str, lam: Tensor) -> Tensor:
     """``phi'(lam)`` of the built-in activation ``name``, in closed form."""
-    if name == "erf":
-        return math.sqrt(2.0 / math.pi) * torch.exp(-0.5 * lam * lam)
-    if name == "relu":
-        return (lam > 0).to(lam.dtype)
-    if name == "sigmoid":
-        s = torch.sigmoid(lam)
-        return s - s * s
-    if name == "tanh":
-        return 1 - torch.tanh(lam) ** 2
-    return torch.ones_like(lam)
+    u = lam * kappa(name)
+    grad = dphi_u(name, u, phi_u(name, u))
+    return torch.ones_like(lam) if grad is None else dphi_const(name) * grad
 
 
 class BuiltinActivation(str):

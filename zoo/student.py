@@ -48,46 +48,9 @@ from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
+from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
-
-
-# ------------------------------------------------------------------------------------------------
-# activations, in the scaled variable the inner loop uses
-# ------------------------------------------------------------------------------------------------
-def _kappa(activation: str) -> float:
-    """The loop works with ``u = kappa * lam`` (erf: ``phi = erf(u)`` with ``u = lam / sqrt 2``)."""
-    return 1.0 / math.sqrt(2.0) if activation == "erf" else 1.0
-
-
-def _dphi_const(activation: str) -> float:
-    """``phi'(lam) = const * _dphi_u(u)``; the constant is folded into the step sizes."""
-    return math.sqrt(2.0 / math.pi) if activation == "erf" else 1.0
-
-
-def _phi_u(activation: str, u: Tensor) -> Tensor:
-    if activation == "erf":
-        return torch.erf(u)
-    if activation == "relu":
-        return torch.relu(u)
-    if activation == "sigmoid":
-        return torch.sigmoid(u)
-    if activation == "tanh":
-        return torch.tanh(u)
-    return u
-
-
-def _dphi_u(activation: str, u: Tensor, phi: Tensor) -> Tensor | None:
-    """``phi'(lam) / const`` (None for linear: it is 1)."""
-    if activation == "erf":
-        return torch.exp(-(u * u))
-    if activation == "relu":
-        return (u > 0).to(u.dtype)
-    if activation == "sigmoid":
-        return phi - phi * phi
-    if activation == "tanh":
-        return 1 - phi * phi
-    return None
 
 
 class HalfMeanSquaredError(MeanSquaredError):
