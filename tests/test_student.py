@@ -238,7 +238,7 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(tmp_p
     trainer().fit(net, dm)
     dm1, net1 = make()
     trainer(enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)]).fit(net1, dm1)
-    ckpt = tmp_path / "epoch=0-step=1500.ckpt"  # in task 2: the stream restarts mid-task (named by the logged step)
+    ckpt = tmp_path / "epoch=0-step=6.ckpt"  # 6 chunks, 1500 SGD steps: in task 2, the stream restarts mid-task
     assert ckpt.exists() and int(torch.load(ckpt, weights_only=False)["state_dict"]["samples_seen_"]) == 1500
     dm2, net2 = make()
     t2 = trainer()
