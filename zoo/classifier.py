@@ -29,6 +29,7 @@ from zoo.hparams import save_own_hyperparameters
 from zoo.init import EntropyMix, Gaussian, InitScheme
 from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MemberMean, MultiHeadModule, check_positive_ints
+from zoo.task_switch import attached_trainer
 
 Activation = Literal["sigmoid", "erf", "relu", "tanh", "linear"]
 
@@ -192,7 +193,7 @@ class MultiHeadClassifier(MultiHeadModule):
             raise ValueError(f"{type(self).__name__}: batch task {task} but the classifier has {self.n_tasks} heads")
         # a batch that names its SGD step must be the run's next one: a resumed run that continued its
         # stream elsewhere would train a different run
-        if (self._trainer is not None and "step" in batch and self.trainer.current_epoch == 0
+        if (attached_trainer(self) is not None and "step" in batch and self.trainer.current_epoch == 0
                 and self.trainer.accumulate_grad_batches == 1
                 and int(batch["step"]) != self.global_step):
             raise RuntimeError(f"{type(self).__name__}: the batch is for SGD step {int(batch['step'])} but the run is "

@@ -28,7 +28,7 @@ from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resol
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
-from zoo.task_switch import TaskSwitchAtBatchEnd
+from zoo.task_switch import TaskSwitchAtBatchEnd, attached_trainer
 
 ACTIVATIONS = ("erf", "relu", "sigmoid", "linear", "tanh")
 """The built-in ``phi`` (``erf`` is ``erf(lam / sqrt 2)``, [S] Sec. 2.2)."""
@@ -235,7 +235,7 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         """Match the datamodule: sizes, and ``G`` data sets (each initialisation replicated ``G``
         times on the first setup; a checkpoint then reloads the replicated ensemble). Every stage:
         ``lightning test --ckpt_path`` builds the module from its config before loading the weights."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = getattr(attached_trainer(self), "datamodule", None)
         if dm is None:
             return
         name = type(self).__name__

@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
@@ -49,6 +48,7 @@ from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
+from zoo.task_switch import attached_trainer
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
 
@@ -293,7 +293,7 @@ class MultiHeadStudent(MultiHeadModule):
     def _check_stream_position(self, batch: dict[str, Tensor], B: int) -> None:
         """A batch that says which SGD step it starts at must start at ``samples_seen``: otherwise a
         resumed run would continue its stream at another place, i.e. train a different run."""
-        if self._trainer is None or "step" not in batch or self.trainer.current_epoch > 0:
+        if attached_trainer(self) is None or "step" not in batch or self.trainer.current_epoch > 0:
             return
         if int(batch["step"]) * B != self.samples_seen:
             raise RuntimeError(f"{type(self).__name__}: the batch starts at SGD step {int(batch['step'])} but the run "
