@@ -96,10 +96,12 @@ def test_student_override_points_change_what_is_trained(cls, phi, phi_grad, loss
 def test_student_member_params_are_data_and_name_the_members():
     net = MultiHeadStudent(d=20, init_heads=Polar(r=1.0, theta=[0.0, math.pi / 8]),
                            init_later_heads=Polar(r=0.5, theta=[0.1, 0.2]), seed=[4, 4])
-    assert net.member_params == [
-        {"sigma": 1e-3, "r": 1.0, "theta": 0.0, "r2": 0.5, "theta2": 0.1, "seed": 4, "set": 0},
-        {"sigma": 1e-3, "r": 1.0, "theta": math.pi / 8, "r2": 0.5, "theta2": 0.2, "seed": 4, "set": 0}]
+    assert net.member_params == [{"theta": 0.0, "theta2": 0.1}, {"theta": math.pi / 8, "theta2": 0.2}]  # what varies
     assert net.labels == ["theta=0,theta2=0.1", "theta=0.3927,theta2=0.2"]
+    net.replicate(2)  # two teacher sets (what setup does with TeacherStudent(gamma=[a, b]))
+    net.sets = TeacherStudent(d=20, gamma=[0.0, 0.5]).set_params
+    assert net.member_params[1] == {"theta": 0.0, "theta2": 0.1, "gamma": 0.5} and net.ensemble == 4
+    assert net.labels[1] == "theta=0,theta2=0.1,gamma=0.5" and net.base_labels == ["theta=0,theta2=0.1", "theta=0.3927,theta2=0.2"]
     assert net.activation == "erf" and net.activation_name == "erf"  # the built-in reads as its name
 
 

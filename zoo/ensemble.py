@@ -44,20 +44,23 @@ def grid_product(schemes: dict[str, InitScheme], lists: dict[str, list | None]) 
 
 
 def member_params(schemes: dict[str, InitScheme], E: int, seeds: list[int] | None = None,
-                  xis: list[float] | None = None, base_seed: int = 0) -> list[dict[str, float]]:
-    """One dict per member: every init parameter (a later head's with a ``2`` suffix: ``theta2``;
-    a name two layers share is qualified by its layer, ``init_w.sigma``), its ``seed`` and, with
-    EWC, its ``xi``. ``zoo.labels.member_labels`` names members by the entries that vary."""
+                  xis: list[float] | None = None) -> list[dict[str, float]]:
+    """One dict per member of what tells the members apart: the init parameters that vary (a later
+    head's with a ``2`` suffix: ``theta2``; a name two layers share is qualified by its layer,
+    ``init_w.sigma``), and ``seed`` and EWC's ``xi`` where they vary. ``zoo.labels.member_labels``
+    names members from it."""
     out: list[dict[str, float]] = [{} for _ in range(E)]
     for key, scheme in schemes.items():
         for name, values in scheme.params.items():
+            if len(set(values)) < 2:
+                continue
             name = f"{name}2" if key == "init_later_heads" else name
             for e, params in enumerate(out):
-                params[f"{key}.{name}" if name in params else name] = values[e] if len(values) > 1 else values[0]
-    for e, params in enumerate(out):
-        params["seed"] = seeds[e] if seeds is not None else base_seed
-        if xis is not None:
-            params["xi"] = xis[e]
+                params[f"{key}.{name}" if name in params else name] = values[e]
+    for name, values in (("seed", seeds), ("xi", xis)):
+        if values is not None and len(set(values)) > 1:
+            for e, params in enumerate(out):
+                params[name] = values[e]
     return out
 
 

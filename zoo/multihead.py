@@ -148,7 +148,7 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
         members = resolve_members(name, schemes, seed, xis, grid, ensemble)
         self.schemes, self.xis, self.G = members.schemes, members.xis, int(sets)
-        self.init_params = member_params(members.schemes, members.E, members.seeds, members.xis, members.base_seed)
+        self.init_params = member_params(members.schemes, members.E, members.seeds, members.xis)
         self.sets: list[dict] = [{"set": g} for g in range(self.G)]
         self.register_buffer("task", torch.tensor(0))
         self.ewc_config = ewc
@@ -183,8 +183,11 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
 
     @property
     def member_params(self) -> list[dict]:
-        """One dict per member: its init parameters, seed, ``xi`` and data set (member ``e`` is
-        initialisation ``e // G`` on data set ``e mod G``)."""
+        """One dict per member of what tells it apart: the init parameters, seed and ``xi`` that vary
+        (``zoo.ensemble.member_params``) and, with several data sets, its set's parameters (e.g.
+        ``gamma``; member ``e`` is initialisation ``e // G`` on data set ``e mod G``)."""
+        if self.G == 1:
+            return [dict(p) for p in self.init_params]
         return [{**p, **s} for p in self.init_params for s in self.sets]
 
     @property
