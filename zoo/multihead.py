@@ -120,8 +120,9 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     EWC at the switch, the override points, per-task ``validation_step``/``test_step``.
 
     A subclass sets ``sets_arg`` (its constructor argument holding ``G``, set from the datamodule),
-    ``sets_attr`` (the datamodule's attribute giving ``G``), ``step_size_name`` and implements
-    ``set_params(dm)``, ``consolidation_fisher(x, y, task)`` and ``eval_metrics``/``update_eval``.
+    ``sets_attr`` (the datamodule's attribute giving ``G``; its ``set_params`` name the sets),
+    ``step_size_name`` and ``sizes_shared_with_data``, and implements ``consolidation_fisher(x, y,
+    task)`` and ``eval_metrics``/``update_eval``.
     """
 
     sets_arg = "teacher_sets"
@@ -193,7 +194,10 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     @property
     def labels(self) -> list[str]:
         """One label per member from the parameters that vary, e.g. ``theta=0.3927,gamma=0.5``."""
-        return member_labels(self.member_params)
+        key = (self.G, repr(self.sets))  # kept: the training step names members on every batch
+        if getattr(self, "_labels", (None,))[0] != key:
+            self._labels = (key, member_labels(self.member_params))
+        return list(self._labels[1])
 
     @property
     def base_labels(self) -> list[str]:
