@@ -199,7 +199,7 @@ def test_simulation_follows_the_mean_field_ode_through_a_switch():
 
         class Record(pl.Callback):
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-                if trainer.global_step % d == 0:
+                if pl_module.samples_seen % d == 0:
                     rows.append(pl_module.theory_error(dm.W_teachers, dm.teacher_heads)[0])
 
         trainer(callbacks=[Record()]).fit(net, dm)

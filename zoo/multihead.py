@@ -341,22 +341,25 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
 
     def _log_eval(self, stage: str) -> None:
         """Log ``<stage>/task<t>/<metric>`` (mean over members) and, for up to ``MAX_MEMBER_TAGS``
-        members, ``<stage>/task<t>/<metric>/<label>``; tasks numbered from 1."""
+        members, ``<stage>/task<t>/<metric>/<label>``; tasks numbered from 1. ``self.log`` gives the
+        printed table of ``lightning validate|test``; a module on the samples axis writes the loggers
+        itself, at ``samples_seen`` (``self.log`` would write at ``global_step``)."""
         if getattr(self, "eval_members", None) != self.ensemble:
             return
-        labels = self.labels
+        labels, metrics = self.labels, {}
         for task in range(self.n_tasks):
             for name, metric in self.eval_store[f"{stage}{task}"].items():
                 if not metric.update_called:
                     continue
                 values = metric.compute().float()
-                self.log(f"{stage}/task{task + 1}/{name}", values.mean())
+                metrics[f"{stage}/task{task + 1}/{name}"] = values.mean()
                 if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-                    for label, v in zip(labels, values):
-                        self.log(f"{stage}/task{task + 1}/{name}/{label}", v)
+                    metrics |= {f"{stage}/task{task + 1}/{name}/{label}": v for label, v in zip(labels, values)}
                 metric.reset()
-        if self.logs_on_samples:
-            self.log("step", float(self.samples_seen))  # Lightning's x-axis key: the module's log axis
+        self.log_dict(metrics, logger=not self.logs_on_samples)
+        if self.logs_on_samples and self.trainer.is_global_zero:
+            for lg in self.trainer.loggers:
+                lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._evaluate("val", batch)
