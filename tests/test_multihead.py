@@ -19,7 +19,7 @@ from tests.conftest import REPO, run_cli
 from tests.helpers_mnist import tiny_mnist
 from zoo import MultiHeadStudent
 from zoo.classifier import MultiHeadClassifier
-from zoo.init import Gaussian, Polar
+from zoo.init import EntropyMix, Gaussian, Polar
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny networks (conftest.one_thread)
 
@@ -102,6 +102,10 @@ def test_student_member_params_are_data_and_name_the_members():
     net.sets = TeacherStudent(d=20, gamma=[0.0, 0.5]).set_params
     assert net.member_params[1] == {"theta": 0.0, "theta2": 0.1, "gamma": 0.5} and net.ensemble == 4
     assert net.labels[1] == "theta=0,theta2=0.1,gamma=0.5" and net.base_labels == ["theta=0,theta2=0.1", "theta=0.3927,theta2=0.2"]
+    mixed = MultiHeadStudent(d=20, init_heads=EntropyMix(gamma=[0.0, 1.0], sigma=1.0))  # a head parameter named gamma
+    mixed.replicate(2)
+    mixed.sets = TeacherStudent(d=20, gamma=[0.0, 0.5]).set_params
+    assert mixed.member_params[1] == {"init.gamma": 0.0, "gamma": 0.5}
     assert net.activation == "erf" and net.activation_name == "erf"  # the built-in reads as its name
 
 

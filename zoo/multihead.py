@@ -189,7 +189,11 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         ``gamma``; member ``e`` is initialisation ``e // G`` on data set ``e mod G``)."""
         if self.G == 1:
             return [dict(p) for p in self.init_params]
-        return [{**p, **s} for p in self.init_params for s in self.sets]
+        # an init parameter named like a data set's (EntropyMix's gamma beside the teachers' gamma)
+        # is qualified, so that neither overwrites the other
+        taken = {k for s in self.sets for k in s}
+        inits = [{f"init.{k}" if k in taken else k: v for k, v in p.items()} for p in self.init_params]
+        return [{**p, **s} for p in inits for s in self.sets]
 
     @property
     def labels(self) -> list[str]:
