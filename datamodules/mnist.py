@@ -47,7 +47,11 @@ continues the stream exactly where it stopped.
 
 **Evaluation.** ``test_set(task)`` gives the task's test images (the MNIST test split) with
 their labels, to measure task 1 while task 2 trains (forgetting); ``fisher_data(task, n)``
-gives ``n`` training samples for an EWC Fisher.
+gives ``n`` training samples for an EWC Fisher. ``test_dataloader`` and ``val_dataloader`` serve
+the same test images, task by task, in batches of ``{"x", "y", "task"}`` (of at most
+``eval_batch_size`` images): validation is the MNIST test split too (the training split is the
+stream; holding part of it out would change every recipe's run), so it is what the forgetting
+callbacks measure, not a separate model-selection set.
 
 **Pixels**: ``x = pixel / 255``, and with ``normalise`` standardised with the mean and standard
 deviation of all 60,000 training images (0.1307 and 0.3081 for the real MNIST), so that a
@@ -72,6 +76,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.mnist_files import load_mnist
 from datamodules.resumable import ScheduleLoader
+from zoo.labels import member_label
 
 N_DIGITS, PER_TASK = 10, 5
 
@@ -236,10 +241,15 @@ class MNISTContinual(pl.LightningDataModule):
         return self.draw_of(set_index) * (len(self.shared) // self.digit_draws)
 
     @property
-    def set_names(self) -> list[str]:
+    def set_params(self) -> list[dict[str, int]]:
+        """What tells the data sets apart, one dict per set (``MultiHeadClassifier.member_params``)."""
         if self.digit_draws == 1:
-            return [f"k={k}" for k in self.shared]
-        return [f"k={k},draw={self.draw_of(s)}" for s, k in enumerate(self.shared)]
+            return [{"k": k} for k in self.shared]
+        return [{"k": k, "draw": self.draw_of(s)} for s, k in enumerate(self.shared)]
+
+    @property
+    def set_names(self) -> list[str]:
+        return [member_label(p) for p in self.set_params]
 
     # -- the data ------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -428,3 +438,21 @@ class MNISTContinual(pl.LightningDataModule):
             xs.append(self._pixels(self._images("train", s, task, idx[pick])))
             ys.append(labels[pick])
         return (xs[0], ys[0]) if self.data_sets == 1 else (torch.stack(xs), torch.stack(ys))
+
+    eval_batch_size = 1000
+    """Test images per evaluation batch (an ensemble evaluates every member on each)."""
+
+    def _eval_loader(self) -> DataLoader:
+        batches = []
+        for task in range(self.n_tasks):
+            x, y = self.test_set(task)
+            for a in range(0, y.shape[-1], self.eval_batch_size):
+                batches.append({"x": x[..., a:a + self.eval_batch_size, :], "y": y[..., a:a + self.eval_batch_size],
+                                "task": torch.tensor(task)})
+        return DataLoader(batches, batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader()

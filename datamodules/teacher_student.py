@@ -22,7 +22,14 @@ of the active task. A chunk never straddles a task switch, and chunk ``k`` is dr
 own seed, so the stream is the same however the run is split. One epoch is the whole schedule:
 train with ``max_epochs: 1``. The loader is stateful (``datamodules.resumable.ScheduleLoader``):
 a mid-epoch checkpoint stores the next chunk, and a resumed run continues the stream there,
-exactly; a checkpoint of another schedule (seed, sizes, switches) is refused.
+exactly; a checkpoint of another schedule (seed, sizes, switches) is refused. Lightning's
+``global_step`` counts the chunks trained (one optimizer update each); the module counts the SGD
+samples (``samples_seen``).
+
+**Evaluation.** ``val_dataloader`` and ``test_dataloader`` give one batch per task,
+``{"x": (num_test, d), "y": (num_test, G), "task": ()}`` with noiseless labels: the test set is
+``test_set()`` (what ``task_errors(source="mc")`` uses), the validation set another held-out
+draw of the same size from its own seed; neither touches the training stream.
 """
 from __future__ import annotations
 
@@ -244,6 +251,15 @@ class TeacherStudent(pl.LightningDataModule):
             self._pool = (X, self.labels(X))
         return self._pool
 
+    @property
+    def set_params(self) -> list[dict[str, float]]:
+        """What tells the teacher sets apart, one dict per set (``MultiHeadStudent.member_params``)."""
+        return [{"gamma": g} for g in self.gammas]
+
+    def fisher_data(self, task: int, n: int) -> tuple[Tensor, Tensor]:
+        """Samples for an EWC Fisher at the end of ``task`` (``zoo.multihead``): :meth:`sample`."""
+        return self.sample(task, n)
+
     def sample(self, task: int, n: int) -> tuple[Tensor, Tensor]:
         """``n`` fresh samples of task ``task`` (for a Fisher estimate): x (n, d), y (n, G).
 
@@ -262,21 +278,27 @@ class TeacherStudent(pl.LightningDataModule):
     def test_set(self) -> tuple[Tensor, Tensor]:
         """Held-out ``(x, y)``: x (num_test, d), y (num_test, n_tasks, G) noiseless labels."""
         if self._test is None:
-            g = torch.Generator().manual_seed(_chunk_seed(self.seed, -1))
-            X = torch.randn(self.num_test, self.d, generator=g)
-            self._test = (X, self.labels(X))
+            self._test = self._held_out(-1)
         return self._test
 
+    def _per_task(self, X: Tensor, Y: Tensor) -> DataLoader:
+        return DataLoader([{"x": X, "y": Y[:, t], "task": torch.tensor(t)} for t in range(self.n_tasks)], batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._per_task(*self._held_out(-(10**6)))  # a key no chunk, pool or Fisher sample uses
+
+    def test_dataloader(self) -> DataLoader:
+        return self._per_task(*self.test_set())
+
+    def _held_out(self, key: int) -> tuple[Tensor, Tensor]:
+        """``num_test`` inputs from their own seed and their noiseless labels, (N, d), (N, n_tasks, G)."""
+        g = torch.Generator().manual_seed(_chunk_seed(self.seed, key))
+        X = torch.randn(self.num_test, self.d, generator=g)
+        return X, self.labels(X)
+
     def _start_chunk(self) -> int:
-        step = self.trainer.global_step if self.trainer is not None else 0
-        starts = [c[0] for c in self.chunks]
-        if step >= self.num_steps:
-            return len(self.chunks)
-        if step not in starts:
-            raise RuntimeError(
-                f"TeacherStudent: cannot resume the stream at step {step}: it is not the start of a chunk "
-                f"(chunks start at multiples of steps_per_batch = {self.steps_per_batch} and at the switches)")
-        return starts.index(step)
+        # one optimizer update per chunk: a resumed run's global_step is the next chunk
+        return min(self.trainer.global_step if self.trainer is not None else 0, len(self.chunks))
 
     def stream_fingerprint(self) -> dict[str, Any]:
         """What decides the chunks of the stream: a checkpoint saved with other values cannot be

@@ -10,6 +10,9 @@ from zoo.classifier import MultiHeadClassifier
 from zoo.ewc import EWC
 from zoo.init import EntropyMix, Gaussian
 
+# tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def small(**kw) -> MultiHeadClassifier:
     opts = dict(n_in=12, hidden=7, n_classes=3, init_w=Gaussian(sigma=1.0),
@@ -116,7 +119,7 @@ def test_ewc_too_stiff_for_sgd_stops_at_the_switch_with_a_message(tmp_path):
     """lr * xi * max F >= 2 makes SGD on the penalty oscillate and grow: an error, not a NaN run."""
     from datamodules.mnist import MNISTContinual
     from tests.conftest import quiet_trainer
-    from tests.test_mnist_continual import tiny_mnist
+    from tests.helpers_mnist import tiny_mnist
 
     dm = MNISTContinual(data_dir=str(tiny_mnist(tmp_path / "data")), shared=2, batch_size=10, steps=[3, 3])
     net = MultiHeadClassifier(hidden=8, lr=1.0, ewc=EWC(xi=[0.0, 1e12], samples=20))

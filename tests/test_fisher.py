@@ -10,6 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.metrics.fisher import fisher_diagonal, fisher_summary, select_parameters
 
+# tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # float64 throughout: the Fisher and the loop differ only by rounding (~1e-16 relative), so 1e-10
 # leaves room for summation order and still catches any real difference
 RTOL, ATOL = 1e-10, 1e-14

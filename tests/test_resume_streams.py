@@ -1,7 +1,7 @@
 """Exact resume of the streamed families across the task switch: MultiHeadStudent on
 TeacherStudent (ode_vs_simulation: TheoryOverlay, OrderParameters, Entropies; fig6: ForgettingProfile;
 fig7: EWC anchored at the switch, ErrorCurves) and MultiHeadClassifier on MNISTContinual (fig12:
-TaskForgetting, on tiny IDX files from test_mnist_continual.tiny_mnist). Each run is stopped by a smaller max_steps (before
+TaskForgetting, on tiny IDX files from helpers_mnist.tiny_mnist). Each run is stopped by a smaller max_steps (before
 and after the switch) or killed with SIGKILL after its first mid-run checkpoint, then resumed with
 --ckpt_path last: weights, scalars and figures equal the uninterrupted run's, bit for bit.
 Without the slow ones (-m "not slow"): a stop before the switch (student), at it and a kill after
@@ -52,14 +52,23 @@ def one_thread_everywhere():
         os.environ["OMP_NUM_THREADS"] = env
 
 
-def stop_then_resume(folder, args, stop: int, reference):
+def stop_then_resume(folder, args, stop: int, reference, samples: int | None = None):
+    """``stop``: max_steps (optimizer updates: batches for the student, whose batch is a chunk of
+    ``samples`` SGD steps in all, its log axis; SGD steps for the classifier)."""
     fit(folder, *args, f"--trainer.max_steps={stop}")
     ckpt = folder / "lightning_logs/version_0/checkpoints/last.ckpt"
     assert checkpoint_step(ckpt) == stop  # saved mid-epoch, where max_steps stopped it
+    if samples is not None:
+        assert checkpoint_samples(ckpt) == samples
     run = fit(folder, *args, "--ckpt_path", "last")
     assert not (folder / "lightning_logs/version_1").exists()  # resumed into its own folder
-    assert_same_run(reference, run, stop_step=stop)
+    assert_same_run(reference, run, stop_step=stop if samples is None else samples)
     return run
+
+
+def checkpoint_samples(path: Path) -> int:
+    """The student's theory clock in a checkpoint (``samples_seen``: SGD steps of online SGD)."""
+    return int(torch.load(path, map_location="cpu", weights_only=False)["state_dict"]["samples_seen_"])
 
 
 def kill_then_resume(folder, args, reference, switch: int):
@@ -74,7 +83,8 @@ def kill_then_resume(folder, args, reference, switch: int):
 @pytest.fixture(scope="module")
 def ode_reference(tmp_path_factory):
     run = fit(tmp_path_factory.mktemp("ode_full"), *ODE)
-    assert checkpoint_step(run / "checkpoints/last.ckpt") == 4000
+    assert checkpoint_step(run / "checkpoints/last.ckpt") == 14  # chunks: 7 per task (the last 200 steps)
+    assert checkpoint_samples(run / "checkpoints/last.ckpt") == 4000
     return run
 
 
@@ -90,15 +100,17 @@ def images(run: Path) -> dict[str, list[int]]:
 # chunks of 300 steps: the first batch after a stop at 900 crosses 1000, where TheoryOverlay (every
 # 500) and OrderParameters (every 1000) are due, as in the uninterrupted run
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", [900, 2600])  # before the switch (2000), after
-def test_ode_vs_simulation_stopped_by_max_steps(ode_reference, tmp_path, stop):
-    run = stop_then_resume(tmp_path, ODE, stop, ode_reference)
+@pytest.mark.parametrize("stop, samples", [(3, 900), (9, 2600)])  # before the switch (2000), after
+def test_ode_vs_simulation_stopped_by_max_steps(ode_reference, tmp_path, stop, samples):
+    run = stop_then_resume(tmp_path, ODE, stop, ode_reference, samples)
     # the resumed run trained to the end of the schedule (the reported bug stopped early)
-    assert checkpoint_step(run / "checkpoints/last.ckpt") == 4000
+    assert checkpoint_samples(run / "checkpoints/last.ckpt") == 4000
     assert {"theory_overlay", "order_parameters"} <= set(p.stem.split("_1")[0] for p in run.glob("*.png"))
     expected = images(ode_reference)
     assert expected["Q/member0"] == [0]  # the recipe's images_every_n_steps (10000): only at the start
-    assert images(run) == expected
+    # the stopped part's end-of-run figures stay at its last step (as its summaries in assert_same_run)
+    assert {tag: [s for s in steps if s != samples or s in expected.get(tag, [])]
+            for tag, steps in images(run).items()} == expected
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +121,13 @@ def fig6_reference(tmp_path_factory):
 @pytest.mark.slow
 def test_fig6_forgetting_profile_stopped_after_the_switch(fig6_reference, tmp_path):
     # the errors at the switch were recorded by the first part: the profile needs them
-    run = stop_then_resume(tmp_path, FIG6, 1250, fig6_reference)
+    run = stop_then_resume(tmp_path, FIG6, 5, fig6_reference, samples=1250)
     assert (run / "forgetting_profile_1.png").is_file()
 
 
 @pytest.mark.slow
 def test_fig6_forgetting_profile_killed(fig6_reference, tmp_path):
-    kill_then_resume(tmp_path, FIG6, fig6_reference, switch=1000)
+    kill_then_resume(tmp_path, FIG6, fig6_reference, switch=4)  # 4 chunks of 250 steps
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +137,10 @@ def fig7_reference(tmp_path_factory):
 
 # at the switch (EWC anchors at the end of its batch); stops before and after a switch are the
 # ode_vs_simulation cases
-@pytest.mark.parametrize("stop", [600])
+@pytest.mark.parametrize("stop, samples", [(3, 600)])
 @pytest.mark.slow
-def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop):
-    run = stop_then_resume(tmp_path, FIG7, stop, fig7_reference)
+def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop, samples):
+    run = stop_then_resume(tmp_path, FIG7, stop, fig7_reference, samples)
     ref = torch.load(fig7_reference / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert int(ref["state_dict"]["ewc.consolidations"]) == 1  # the penalty was on in task 2
     got = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
@@ -153,7 +165,7 @@ class KeepCheckpoint(pl.Callback):
 def test_fig7_killed_after_the_checkpoint_at_the_switch(fig7_reference, tmp_path):
     """The EWC anchors (and their logged summary) belong to the checkpoint at the switch: a run killed
     after it and resumed neither anchors twice nor logs ewc/fisher/* twice at the switch."""
-    assert_same_run(fig7_reference, resume_from_the_switch(tmp_path, FIG7, 600))
+    assert_same_run(fig7_reference, resume_from_the_switch(tmp_path, FIG7, 3))  # 3 chunks of 200 steps
 
 
 def resume_from_the_switch(folder, args, switch):
@@ -169,7 +181,7 @@ def resume_from_the_switch(folder, args, switch):
 # -- MultiHeadClassifier on MNISTContinual ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mnist_dir(tmp_path_factory):
-    from test_mnist_continual import tiny_mnist
+    from helpers_mnist import tiny_mnist
 
     return tiny_mnist(tmp_path_factory.mktemp("mnist"))
 
@@ -207,11 +219,11 @@ def test_fig12_ewc_killed_after_the_checkpoint_at_the_switch(mnist_dir, tmp_path
 def test_a_changed_stream_is_refused(tmp_path):
     """Resuming with other data settings would train a different run: a one-line error instead,
     before any step (step 900 starts a chunk in both schedules: only the saved settings tell)."""
-    fit(tmp_path, *ODE, "--trainer.max_steps=900")
+    fit(tmp_path, *ODE, "--trainer.max_steps=3")  # 3 chunks, 900 SGD steps
     with pytest.raises(ValueError, match="steps_per_batch = 300 in the checkpoint but 100 now") as err:
         fit(tmp_path, *ODE, "--data.init_args.steps_per_batch=100", "--ckpt_path", "last")
     assert "\n" not in str(err.value)
-    assert checkpoint_step(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt") == 900  # nothing trained
+    assert checkpoint_step(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt") == 3  # nothing trained
 
 
 def test_schedule_loader_saves_where_it_stopped_and_keeps_the_schedule_length():
@@ -223,7 +235,7 @@ def test_schedule_loader_saves_where_it_stopped_and_keeps_the_schedule_length():
 
     def loader(step: int):
         dm = TeacherStudent(d=20, num_steps=1000, switch_step=500, steps_per_batch=100, num_test=10)
-        dm.trainer = SimpleNamespace(global_step=step)  # where a resumed run's training step is
+        dm.trainer = SimpleNamespace(global_step=step)  # a resumed run's optimizer updates: chunks done
         return dm.train_dataloader()
 
     first = loader(0)
@@ -231,10 +243,10 @@ def test_schedule_loader_saves_where_it_stopped_and_keeps_the_schedule_length():
     seen = [next(it) for _ in range(3)]
     state = first.state_dict()
     assert state["next_batch"] == 3 and len(first) == 10
-    resumed = loader(300)
+    resumed = loader(3)
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(resumed) == 10 and [int(b["step"]) for b in rest] == list(range(300, 1000, 100))
     assert torch.equal(rest[0]["x"], list(loader(0))[3]["x"]) and not torch.equal(rest[0]["x"], seen[0]["x"])
     with pytest.raises(ValueError, match="stopped before batch 3 but its training step says batch 4"):
-        loader(400).load_state_dict(state)
+        loader(4).load_state_dict(state)

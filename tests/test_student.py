@@ -13,6 +13,9 @@ from zoo.init import Gaussian, Polar
 from zoo.student import phi
 from zoo.theory.meanfield import integrate
 
+# tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def trainer(**kw) -> pl.Trainer:
     opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -101,7 +104,7 @@ def test_datamodule_rejects_bad_input(kwargs, match):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [(dict(eta=-1.0), "eta"), (dict(activation="tanh"), "activation"), (dict(p=0), "p = 0"),
+    [(dict(eta=-1.0), "eta"), (dict(activation="softplus"), "activation"), (dict(p=0), "p = 0"),
      (dict(init_w=Gaussian(sigma=[1.0, 2.0]), init_heads=Polar(theta=[0.0, 0.1, 0.2])), "ensemble sizes disagree"),
      (dict(ensemble=0), "ensemble = 0")],
 )
@@ -127,17 +130,19 @@ def test_initial_error_matches_the_check_value():
         net.task_errors(dm, "exact")
 
 
-def test_global_step_counts_sgd_steps_and_old_heads_freeze():
+def test_samples_seen_counts_sgd_steps_global_step_batches_and_old_heads_freeze():
     dm = TeacherStudent(d=50, num_steps=3000, switch_step=1000, steps_per_batch=300)
     net = MultiHeadStudent(d=50, init_heads=Polar(r=1.0, theta=0.3))
-    heads = {}
+    heads, updates = {}, []
 
     class Spy(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            heads[trainer.global_step] = pl_module.h.detach().clone()
+            heads[pl_module.samples_seen] = pl_module.h.detach().clone()
+            updates.append(trainer.global_step)
 
     trainer(callbacks=[Spy()]).fit(net, dm)
     assert sorted(heads) == [300, 600, 900, 1000, 1300, 1600, 1900, 2200, 2500, 2800, 3000]
+    assert updates == list(range(1, 12)) and net.alpha() == 3000 / 50  # one optimizer update per chunk
     assert not torch.equal(heads[1000][:, 0], net.h_init[:, 0])  # head 1 learnt during task 1 ...
     assert torch.equal(heads[1000][:, 1], net.h_init[:, 1])  # ... while head 2 waited
     assert torch.equal(net.h[:, 0], heads[1000][:, 0])  # then head 1 froze
@@ -194,7 +199,7 @@ def test_simulation_follows_the_mean_field_ode_through_a_switch():
 
         class Record(pl.Callback):
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-                if trainer.global_step % d == 0:
+                if pl_module.samples_seen % d == 0:
                     rows.append(pl_module.theory_error(dm.W_teachers, dm.teacher_heads)[0])
 
         trainer(callbacks=[Record()]).fit(net, dm)
@@ -233,12 +238,12 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(tmp_p
     trainer().fit(net, dm)
     dm1, net1 = make()
     trainer(enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)]).fit(net1, dm1)
-    ckpt = tmp_path / "epoch=0-step=1500.ckpt"  # in task 2: the stream restarts mid-task
-    assert ckpt.exists()
+    ckpt = tmp_path / "epoch=0-step=6.ckpt"  # 6 chunks, 1500 SGD steps: in task 2, the stream restarts mid-task
+    assert ckpt.exists() and int(torch.load(ckpt, weights_only=False)["state_dict"]["samples_seen_"]) == 1500
     dm2, net2 = make()
     t2 = trainer()
     t2.fit(net2, dm2, ckpt_path=ckpt)
-    assert t2.global_step == 3000 and int(net2.task) == 1
+    assert t2.global_step == 12 and net2.samples_seen == 3000 and int(net2.task) == 1
     assert torch.equal(net2.W, net.W) and torch.equal(net2.h, net.h)
 
 

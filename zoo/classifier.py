@@ -17,46 +17,24 @@ per-sample diagonal Fisher (buffers), and the loss of later tasks gains ``xi/2 s
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from typing import Literal
 
-import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite
-from zoo.hparams import save_own_hyperparameters, store_hparams
-from zoo.ewc import EWC, EWCState, ensemble_state
+from zoo.ewc import EWC
+from zoo.hparams import save_own_hyperparameters
 from zoo.init import EntropyMix, Gaussian, InitScheme
-from zoo.task_switch import TaskSwitchAtBatchEnd
-from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
+from zoo.labels import MAX_MEMBER_TAGS
+from zoo.multihead import MemberMean, MultiHeadModule, check_positive_ints
+from zoo.task_switch import attached_trainer
 
-Activation = Literal["sigmoid", "erf", "relu", "tanh"]
-
-
-def _phi(activation: str, z: Tensor) -> Tensor:
-    if activation == "sigmoid":
-        return torch.sigmoid(z)
-    if activation == "erf":
-        return torch.erf(z / math.sqrt(2.0))
-    if activation == "relu":
-        return torch.relu(z)
-    return torch.tanh(z)
+Activation = Literal["sigmoid", "erf", "relu", "tanh", "linear"]
 
 
-def _dphi(activation: str, z: Tensor) -> Tensor:
-    if activation == "sigmoid":
-        s = torch.sigmoid(z)
-        return s * (1 - s)
-    if activation == "erf":
-        return math.sqrt(2.0 / math.pi) * torch.exp(-0.5 * z * z)
-    if activation == "relu":
-        return (z > 0).to(z.dtype)
-    return 1 - torch.tanh(z) ** 2
-
-
-class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
+class MultiHeadClassifier(MultiHeadModule):
     """A two-layer classifier with a shared hidden layer and one head per task ([S] App. G).
 
     Args:
@@ -64,7 +42,8 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
         hidden: hidden units.
         n_classes: classes per task (one head of this many outputs per task).
         n_tasks: number of heads.
-        activation: ``"sigmoid"`` (the paper's), ``"erf"``, ``"relu"`` or ``"tanh"``.
+        activation: ``"sigmoid"`` (the paper's), ``"erf"``, ``"relu"``, ``"tanh"`` or ``"linear"``
+            (a subclass may override ``activation(lam)``).
         lr: SGD learning rate.
         init_w: scheme of the hidden layer (pre-activations are ``W x / sqrt n_in``).
         init_heads: scheme of every head (``entropy_mix``: [S] App. G's entropy and scale).
@@ -79,6 +58,9 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
 
     # hyperparameters set from the datamodule at setup, not by the config (zoo.checkpoint_checks)
     hparams_from_data: tuple[str, ...] = ("data_sets",)
+    sets_arg = sets_attr = "data_sets"
+    step_size_name = "lr"
+    sizes_shared_with_data = ("n_in", "n_classes")
 
     def __init__(
         self,
@@ -99,53 +81,19 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (("n_in", n_in), ("hidden", hidden), ("n_classes", n_classes), ("n_tasks", n_tasks),
-                           ("data_sets", data_sets)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name}: {arg} = {value!r}; allowed: a positive integer")
-        if activation not in ("sigmoid", "erf", "relu", "tanh"):
-            raise ValueError(f"{name}: activation = {activation!r}; allowed: sigmoid, erf, relu, tanh")
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"{name}: lr = {lr}; allowed: a positive number")
-        schemes = layer_schemes(init_w, init_heads, init_later_heads)
-        if isinstance(ewc, dict):
-            ewc = EWC(**ewc)
-        xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
-        save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in schemes.items()},
-                      **({"ewc": asdict(ewc)} if ewc is not None else {}))
-        members = resolve_members(name, schemes, seed, xis, grid, ensemble)
+        check_positive_ints(name, n_in=n_in, hidden=hidden, n_classes=n_classes, n_tasks=n_tasks)
+        self.set_activation(activation)
+        self.lr = self.check_step_size(name, "lr", lr)
+        schemes, ewc, plain = self.init_members(init_w, init_heads, init_later_heads, ewc)
+        save_own_hyperparameters(self, **plain)
         self.n_in, self.hidden, self.n_classes, self.n_tasks = int(n_in), int(hidden), int(n_classes), int(n_tasks)
-        self.activation, self.lr, self.schemes, self.G = activation, float(lr), members.schemes, int(data_sets)
-        self.xis = members.xis
-        W, heads = multi_head_weights(members, self.n_tasks, (self.hidden, self.n_in), (self.n_classes, self.hidden))
-        self.base_labels = member_labels(members.schemes, members.E, members.seeds, self.xis)
-        self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0))
-        self.heads = nn.Parameter(heads.float().repeat_interleave(self.G, 0))  # (E, T, C, H)
-        self.register_buffer("task", torch.tensor(0))
-        self.ewc_config = ewc
+        W, heads = self.build_members(schemes, ewc, seed, grid, ensemble, data_sets, self.n_tasks,
+                                      (self.hidden, self.n_in), (self.n_classes, self.hidden))
+        self.W = nn.Parameter(W)
+        self.heads = nn.Parameter(heads)  # (E, T, C, H)
         self.ewc = self._ewc_state()
 
-    def _ewc_state(self) -> EWCState | None:
-        state = ensemble_state(self.ewc_config, self.xis, self.G, {"W": self.W.shape})
-        return None if state is None else state.to(self.W.device)
-
     # -- structure ----------------------------------------------------------------------------------
-    @property
-    def ensemble(self) -> int:
-        return self.W.shape[0]
-
-    @property
-    def labels(self) -> list[str]:
-        if self.G == 1:
-            return list(self.base_labels)
-        names = getattr(self, "set_names", [f"set{g}" for g in range(self.G)])
-        return [f"{b},{n}" if b != "member0" else n for b in self.base_labels for n in names]
-
-    @property
-    def set_index(self) -> Tensor:
-        """The data set of every member, (E,): ``e mod G``."""
-        return torch.arange(self.ensemble, device=self.W.device) % self.G
-
     def member_inputs(self, x: Tensor) -> Tensor:
         """Inputs per member: x (B, n_in) shared, or (G, B, n_in) per data set -> (E, B, n_in)."""
         if x.dim() == 2:
@@ -167,15 +115,30 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:
         """Logits of head ``task`` (default: the active one): x (B, n_in) or (G, B, n_in) -> (E, B, C)."""
         t = int(self.task) if task is None else task
-        hidden = _phi(self.activation, self.preactivations(self.member_inputs(x)))
+        hidden = self.activation(self.preactivations(self.member_inputs(x)))
         return torch.bmm(hidden, self.heads[:, t].transpose(1, 2))
 
     def member_loss(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         """Cross-entropy of every member on head ``task``, (E,)."""
-        logits = self(x, task)
+        return self._cross_entropy(self(x, task), y).mean(1)
+
+    def _cross_entropy(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per-sample cross-entropy, (E, B), of logits (E, B, C) against labels y (B,) or (G, B)."""
         target = self.member_targets(y).to(logits.device)
-        return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(
-            target.shape).mean(1)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
+
+    def training_loss(self, x: Tensor, y: Tensor, task: int) -> tuple[Tensor, Tensor]:
+        """``(objective, losses)``: what SGD descends (summed over members: each member's gradient is
+        its own) and each member's cross-entropy, (E,). With ``loss_grad`` overridden the objective
+        is the surrogate ``mean_b <logits_b, loss_grad(delta_b)>`` with the factor held fixed, whose
+        gradient is ``J^T loss_grad(delta)``: the readout's derivative replaced, as the override says."""
+        logits = self(x, task)
+        losses = self._cross_entropy(logits, y).mean(1)
+        if type(self).loss_grad is MultiHeadModule.loss_grad:
+            return losses.sum(), losses
+        target = nn.functional.one_hot(self.member_targets(y).to(logits.device), self.n_classes).to(logits)
+        g = self.loss_grad(torch.softmax(logits, -1) - target).detach()
+        return (logits * g).sum(-1).mean(1).sum(), losses
 
     @torch.no_grad()
     def accuracy(self, x: Tensor, y: Tensor, task: int) -> Tensor:
@@ -200,47 +163,29 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
 
         Per sample, ``d CE / dW = ((H^T (p - e_y)) * phi'(z)) x^T / sqrt n_in``, so
         ``F = mean_s a_s^2 x_s^2 / n_in`` with ``a = (H^T (p - e_y)) * phi'(z)``. ``"empirical"``
-        uses the true labels ``y``; ``"sampled"`` the exact expectation over labels drawn from the
-        model, ``E_c[(H^T (p - e_c))_i^2] = sum_c p_c ((H^T p)_i - H_ci)^2``.
+        uses the true labels ``y`` (and ``loss_grad(p - e_y)``, the trained loss's derivative);
+        ``"sampled"`` the exact expectation over labels drawn from the model,
+        ``E_c[(H^T (p - e_c))_i^2] = sum_c p_c ((H^T p)_i - H_ci)^2``.
         """
         if mode not in ("sampled", "empirical"):
             raise ValueError(f"fisher_W: mode = {mode!r}; allowed: 'sampled' or 'empirical'")
         xs = self.member_inputs(x).to(self.W.dtype)  # (E, N, n_in)
         z = self.preactivations(xs)
-        p = torch.softmax(torch.bmm(_phi(self.activation, z), self.heads[:, task].transpose(1, 2)), -1)  # (E, N, C)
+        p = torch.softmax(torch.bmm(self.activation(z), self.heads[:, task].transpose(1, 2)), -1)  # (E, N, C)
         Ht = self.heads[:, task]  # (E, C, H)
         v = torch.einsum("enc,ech->enh", p, Ht)  # H^T p
         if mode == "empirical":
             onehot = nn.functional.one_hot(self.member_targets(y).to(p.device), self.n_classes).to(p)
-            sq = (v - torch.einsum("enc,ech->enh", onehot, Ht)) ** 2
+            sq = torch.einsum("enc,ech->enh", self.loss_grad(p - onehot), Ht) ** 2
         else:
             sq = torch.einsum("enc,ench->enh", p, (v.unsqueeze(2) - Ht.unsqueeze(1)) ** 2)
-        a2 = sq * _dphi(self.activation, z) ** 2
+        a2 = sq * self.activation_grad(z) ** 2
         return torch.einsum("enh,end->ehd", a2, xs**2) / (xs.shape[1] * self.n_in)
 
     # -- training -----------------------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is None or stage != "fit":
-            return
-        for attr in ("n_in", "n_classes"):
-            if isinstance(getattr(dm, attr, None), int) and getattr(dm, attr) != getattr(self, attr):
-                raise ValueError(f"{type(self).__name__}: {attr} = {getattr(self, attr)} but the datamodule has "
-                                 f"{attr} = {getattr(dm, attr)}")
-        G = int(getattr(dm, "data_sets", 1))
-        if G != self.G:
-            if self.G != 1:
-                raise ValueError(f"{type(self).__name__}: data_sets = {self.G} but the datamodule serves {G}")
-            with torch.no_grad():
-                self.W = nn.Parameter(self.W.detach().repeat_interleave(G, 0))
-                self.heads = nn.Parameter(self.heads.detach().repeat_interleave(G, 0))
-            self.G = G
-            store_hparams(self, data_sets=G)
-            self.ewc = self._ewc_state()
-        if hasattr(dm, "set_names"):
-            self.set_names = list(dm.set_names)
-        if self.ewc is not None and not callable(getattr(dm, "fisher_data", None)):
-            raise TypeError(f"{type(self).__name__}: ewc needs a datamodule with fisher_data(task, n)")
+    def consolidation_fisher(self, x: Tensor, y: Tensor, task: int) -> Tensor:
+        """The Fisher of ``W`` EWC stores at the end of ``task`` (``fisher_W``)."""
+        return self.fisher_W(x, y, task, mode=self.ewc_config.fisher)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         task = int(batch["task"])
@@ -248,26 +193,20 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
             raise ValueError(f"{type(self).__name__}: batch task {task} but the classifier has {self.n_tasks} heads")
         # a batch that names its SGD step must be the run's next one: a resumed run that continued its
         # stream elsewhere would train a different run
-        if (self._trainer is not None and "step" in batch and self.trainer.current_epoch == 0
+        if (attached_trainer(self) is not None and "step" in batch and self.trainer.current_epoch == 0
                 and self.trainer.accumulate_grad_batches == 1
                 and int(batch["step"]) != self.global_step):
             raise RuntimeError(f"{type(self).__name__}: the batch is for SGD step {int(batch['step'])} but the run is "
                                f"at step {self.global_step}; the data stream and the checkpoint do not match")
-        if task != int(self.task):
-            if self._task_ended != int(self.task):  # a datamodule without task_at: at the new task's first step
-                self._switch_step = self.global_step
-                self.on_task_switch(int(self.task), task)
-            if self.ewc is not None and self.ewc.active:  # before the first step on the penalty
-                self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
-            self.task.fill_(task)
-        losses = self.member_loss(batch["x"], batch["y"], task)
-        check_finite(losses, step=self.global_step, labels=self.labels,
+        self.begin_task(task)
+        total, losses = self.training_loss(batch["x"], batch["y"], task)
+        check_finite(losses.detach(), step=self.global_step, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large; try lr / 10.")
-        total = losses.sum()
         if self.ewc is not None and self.ewc.active:
             pen = self.ewc.member_penalty({"W": self.W})
             total = total + pen.sum()
             self.log("ewc/penalty", pen.detach().mean())
+        self.count_samples(batch["y"].shape[-1])
         self.log("loss", losses.detach().mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses.detach())})
@@ -277,17 +216,25 @@ class MultiHeadClassifier(TaskSwitchAtBatchEnd, pl.LightningModule):
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         self.end_of_task(int(self.task), self.global_step + 1)  # global_step counts this update after the hook
 
-    def on_task_switch(self, old: int, new: int) -> None:
-        """With the weights after the last update of task ``old`` (at the end of its last batch
-        when the datamodule has ``task_at``, else at the first step of ``new``): consolidate task
-        ``old`` for EWC if configured; logged at the switch's step."""
-        if self.ewc is None or not self.ewc_config.consolidates(old, self.n_tasks):
-            return
-        x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
-        F = self.fisher_W(x.to(self.W.device), y.to(self.W.device), old, mode=self.ewc_config.fisher)
-        self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        for lg in self.trainer.loggers:
-            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self._switch_step)
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+        return torch.optim.SGD([self.W, self.heads], lr=self.lr)
+
+    # -- evaluation (validation_step / test_step of zoo.multihead) -------------------------------------
+    def eval_metrics(self) -> dict:
+        E = self.ensemble
+        return {"accuracy": MemberMean(E), "error": _OneMinus(E), "loss": MemberMean(E)}
+
+    def update_eval(self, metrics: dict, batch: dict[str, Tensor], task: int) -> None:
+        """``batch``: x (N, n_in) or (G, N, n_in), y (N,) or (G, N) of ``task`` (``MNISTContinual``'s loaders)."""
+        logits = self(batch["x"].to(self.W.device), task)
+        correct = (logits.argmax(-1) == self.member_targets(batch["y"]).to(self.W.device)).double()
+        metrics["accuracy"].update(correct)
+        metrics["error"].update(correct)
+        metrics["loss"].update(self._cross_entropy(logits, batch["y"]))
+
+
+class _OneMinus(MemberMean):
+    """The test error ``1 - accuracy`` of every member (what ``task_errors`` reports)."""
+
+    def compute(self) -> Tensor:
+        return 1 - super().compute()

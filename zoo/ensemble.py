@@ -1,6 +1,6 @@
 """Ensembles of initialisations shared by the zoo's modules: list-valued scheme parameters (and
 per-member seeds, EWC strengths, ...) zipped or, with ``grid: true``, their Cartesian product;
-per-member draws; member labels for TensorBoard tags."""
+per-member draws; each member's parameters as data (``zoo.labels`` names members from them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,10 +9,6 @@ import torch
 from torch import Tensor
 
 from zoo.init import InitScheme, from_spec
-
-MAX_MEMBER_TAGS = 32
-"""Ensembles up to this size log one loss curve per member; larger ones log the mean."""
-
 
 def replicate_schemes(scheme: InitScheme, E: int, seeds: list[int] | None, shapes, gen_seed: int) -> Tensor:
     """Weights of one layer for E members; with per-member seeds, member e is drawn from seeds[e]."""
@@ -47,24 +43,25 @@ def grid_product(schemes: dict[str, InitScheme], lists: dict[str, list | None]) 
     return out, lists
 
 
-def member_labels(schemes: dict[str, InitScheme], E: int, seeds: list[int] | None = None,
-                  xis: list[float] | None = None) -> list[str]:
-    """One label per member from the varying parameters, e.g. ``theta=0.3927,xi=1`` (``2`` marks a
-    later head's parameter: ``theta2``)."""
-    parts = [[] for _ in range(E)]
+def member_params(schemes: dict[str, InitScheme], E: int, seeds: list[int] | None = None,
+                  xis: list[float] | None = None) -> list[dict[str, float]]:
+    """One dict per member of what tells the members apart: the init parameters that vary (a later
+    head's with a ``2`` suffix: ``theta2``; a name two layers share is qualified by its layer,
+    ``init_w.sigma``), and ``seed`` and EWC's ``xi`` where they vary. ``zoo.labels.member_labels``
+    names members from it."""
+    out: list[dict[str, float]] = [{} for _ in range(E)]
     for key, scheme in schemes.items():
-        varying = [k for k, v in scheme.params.items() if len(v) > 1]
-        for e in range(E):
-            parts[e] += [f"{k}{'2' if key == 'init_later_heads' else ''}={scheme.params[k][e]:.4g}" for k in varying]
-    if seeds is not None and len(set(seeds)) > 1:
-        for e in range(E):
-            parts[e].append(f"seed={seeds[e]}")
-    if xis is not None and len(set(xis)) > 1:
-        for e in range(E):
-            parts[e].append(f"xi={xis[e]:g}")
-    if E > 1 and not any(parts):
-        return [f"member{e}" for e in range(E)]
-    return [",".join(p) or "member0" for p in parts]
+        for name, values in scheme.params.items():
+            if len(set(values)) < 2:
+                continue
+            name = f"{name}2" if key == "init_later_heads" else name
+            for e, params in enumerate(out):
+                params[f"{key}.{name}" if name in params else name] = values[e]
+    for name, values in (("seed", seeds), ("xi", xis)):
+        if values is not None and len(set(values)) > 1:
+            for e, params in enumerate(out):
+                params[name] = values[e]
+    return out
 
 
 def layer_schemes(init_w, init_heads, init_later_heads=None) -> dict[str, InitScheme]:

@@ -9,7 +9,11 @@ one head ``h^(t)`` (p,) per task. The loss of a sample is ``1/2 Delta^2`` with
     h^(t) <- h^(t) - (eta / d)      Delta phi(lam)
 
 (with ``batch_size`` samples per step the step is their mean). Only the active head learns: at
-a switch the old head freezes. Time is ``alpha = steps / d``.
+a switch the old head freezes. Time is ``alpha = samples_seen / d`` (online SGD: one sample a step).
+
+**Clocks.** One Lightning batch is a chunk of many SGD steps: ``global_step`` is Lightning's count of
+optimizer updates, one per batch; the theory's clock is ``samples_seen`` (``zoo.progress``), and the
+module logs its scalars at it (Lightning's ``step`` key), so TensorBoard's x-axis is the SGD step.
 
 **Ensemble.** ``E`` students with their own initialisation parameters (list-valued scheme
 parameters, or a list of seeds) learn from the same input stream in one fit: ``W`` is
@@ -30,69 +34,33 @@ rounding; a test checks it against a plain loop) at a fraction of its memory tra
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import asdict
 from typing import Literal
 
-import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
+from torchmetrics import MeanSquaredError
 
 from zoo.divergence import check_finite
-from zoo.hparams import save_own_hyperparameters, store_hparams
-from zoo.ewc import EWC, EWCState, ensemble_state
-from zoo.ensemble import MAX_MEMBER_TAGS, layer_schemes, member_labels, multi_head_weights, resolve_members
+from zoo.ewc import EWC
+from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
-from zoo.task_switch import TaskSwitchAtBatchEnd
+from zoo.labels import MAX_MEMBER_TAGS
+from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
+from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
+from zoo.task_switch import attached_trainer
 
-# the update is explicit SGD without a torch optimizer, so Lightning's note about it is noise
-warnings.filterwarnings("ignore", message=r".*`configure_optimizers` returned `None`.*")
-
-Activation = Literal["erf", "relu", "sigmoid", "linear"]
-ACTIVATIONS = ("erf", "relu", "sigmoid", "linear")
-
-
-# ------------------------------------------------------------------------------------------------
-# activations, in the scaled variable the inner loop uses
-# ------------------------------------------------------------------------------------------------
-def _kappa(activation: str) -> float:
-    """The loop works with ``u = kappa * lam`` (erf: ``phi = erf(u)`` with ``u = lam / sqrt 2``)."""
-    return 1.0 / math.sqrt(2.0) if activation == "erf" else 1.0
+Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
 
 
-def _dphi_const(activation: str) -> float:
-    """``phi'(lam) = const * _dphi_u(u)``; the constant is folded into the step sizes."""
-    return math.sqrt(2.0 / math.pi) if activation == "erf" else 1.0
+class HalfMeanSquaredError(MeanSquaredError):
+    """[S]'s error ``eps = 1/2 <Delta^2>`` of every member, (E,) (``num_outputs`` = members)."""
+
+    def compute(self) -> Tensor:
+        return 0.5 * super().compute().reshape(-1)
 
 
-def _phi_u(activation: str, u: Tensor) -> Tensor:
-    if activation == "erf":
-        return torch.erf(u)
-    if activation == "relu":
-        return torch.relu(u)
-    if activation == "sigmoid":
-        return torch.sigmoid(u)
-    return u
-
-
-def _dphi_u(activation: str, u: Tensor, phi: Tensor) -> Tensor | None:
-    """``phi'(lam) / const`` (None for linear: it is 1)."""
-    if activation == "erf":
-        return torch.exp(-(u * u))
-    if activation == "relu":
-        return (u > 0).to(u.dtype)
-    if activation == "sigmoid":
-        return phi - phi * phi
-    return None
-
-
-def phi(activation: str, lam: Tensor) -> Tensor:
-    """The student's activation ``phi(lam)``: ``erf(lam / sqrt 2)``, ``relu``, ``sigmoid`` or identity."""
-    return _phi_u(activation, lam * _kappa(activation))
-
-
-class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
+class MultiHeadStudent(MultiHeadModule):
     """A two-layer student with a shared first layer and one readout head per task.
 
     Args:
@@ -100,7 +68,7 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
         p: hidden units.
         n_tasks: number of heads (must match the datamodule's).
         activation: ``phi``: ``"erf"`` (``erf(z / sqrt 2)``, the default), ``"relu"``,
-            ``"sigmoid"`` or ``"linear"``.
+            ``"sigmoid"``, ``"tanh"`` or ``"linear"`` (a subclass may override ``activation(lam)``).
         eta: learning rate ([S] Eqs. 6-7: ``W`` steps ``eta / sqrt d``, heads ``eta / d``).
         init_w: scheme of the first layer; ``gaussian(sigma)`` gives i.i.d. ``N(0, sigma_w^2)``.
         init_heads: scheme of the heads (one readout of shape (1, p) per task): ``polar(r, theta)``
@@ -123,6 +91,10 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
 
     # hyperparameters set from the datamodule at setup, not by the config (zoo.checkpoint_checks)
     hparams_from_data: tuple[str, ...] = ("teacher_sets",)
+    sets_arg = sets_attr = "teacher_sets"
+    step_size_name = "eta"
+    sizes_shared_with_data = ("d", "n_tasks")
+    logs_on_samples = True
 
     def __init__(
         self,
@@ -142,65 +114,43 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (("d", d), ("p", p), ("n_tasks", n_tasks), ("teacher_sets", teacher_sets)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name}: {arg} = {value!r}; allowed: a positive integer")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"{name}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
-        if not (eta > 0 and math.isfinite(eta)):
-            raise ValueError(f"{name}: eta = {eta}; allowed: a positive number")
-        schemes = layer_schemes(init_w, init_heads, init_later_heads)
-        if isinstance(ewc, dict):  # from a checkpoint's hyperparameters
-            ewc = EWC(**ewc)
-        xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
-        save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in schemes.items()},
-                      **({"ewc": asdict(ewc)} if ewc is not None else {}))
-        members = resolve_members(name, schemes, seed, xis, grid, ensemble)
-        self.xis = members.xis
-        self.d, self.p, self.n_tasks, self.activation, self.eta = int(d), int(p), int(n_tasks), activation, float(eta)
-        self.schemes, self.G = members.schemes, int(teacher_sets)
+        check_positive_ints(name, d=d, p=p, n_tasks=n_tasks)
+        self.set_activation(activation)
+        self.eta = self.check_step_size(name, "eta", eta)
+        schemes, ewc, plain = self.init_members(init_w, init_heads, init_later_heads, ewc)
+        save_own_hyperparameters(self, **plain)
+        self.d, self.p, self.n_tasks = int(d), int(p), int(n_tasks)
         self.automatic_optimization = False
-        W, heads = multi_head_weights(members, self.n_tasks, (self.p, self.d), (1, self.p))
-        self.base_labels = member_labels(self.schemes, members.E, members.seeds, self.xis)
-        self.W = nn.Parameter(W.float().repeat_interleave(self.G, 0), requires_grad=False)
-        self.h = nn.Parameter(heads[:, :, 0].float().repeat_interleave(self.G, 0), requires_grad=False)
-        self.register_buffer("task", torch.tensor(0))
+        W, heads = self.build_members(schemes, ewc, seed, grid, ensemble, teacher_sets, self.n_tasks,
+                                      (self.p, self.d), (1, self.p))
+        self.W = nn.Parameter(W, requires_grad=False)
+        self.h = nn.Parameter(heads[:, :, 0], requires_grad=False)
         self._remember_init()
-        self.ewc_config = ewc
         self.ewc = self._ewc_state()
-
-    def _ewc_state(self) -> EWCState | None:
-        """Buffers for EWC of ``W``, with one ``xi`` per member if ``xi`` is a list."""
-        state = ensemble_state(self.ewc_config, self.xis, self.G, {"W": self.W.shape})
-        return None if state is None else state.to(self.W.device)
 
     def _remember_init(self) -> None:
         """Buffers of the initial weights: the ODE of ``TheoryOverlay`` starts from them."""
         self.register_buffer("W_init", self.W.detach().clone())
         self.register_buffer("h_init", self.h.detach().clone())
 
+    def replicate(self, G: int) -> None:
+        super().replicate(G)
+        self._remember_init()
+
     # -- structure ----------------------------------------------------------------------------------
     @property
-    def ensemble(self) -> int:
-        """Number of members ``E`` (initialisations times teacher sets)."""
-        return self.W.shape[0]
-
-    @property
-    def labels(self) -> list[str]:
-        """One label per member, e.g. ``theta=0.3927`` or ``theta=0,gamma=0.5``."""
-        if self.G == 1:
-            return list(self.base_labels)
-        gammas = getattr(self, "gammas", list(range(self.G)))
-        return [f"{b},gamma={g:g}" if b != "member0" else f"gamma={g:g}" for b in self.base_labels for g in gammas]
+    def gammas(self) -> list[float]:
+        """The feature similarity of every teacher set (``set`` indices without a datamodule)."""
+        return [s.get("gamma", s.get("set")) for s in self.sets]
 
     @property
     def teacher_index(self) -> Tensor:
         """The teacher set of every member, (E,): ``e mod G``."""
-        return torch.arange(self.ensemble, device=self.W.device) % self.G
+        return self.set_index
 
-    def alpha(self, step: int | None = None) -> float:
-        """Time ``alpha = steps / d`` ([S] Sec. 4)."""
-        return (self.global_step if step is None else step) / self.d
+    def alpha(self, samples: int | None = None) -> float:
+        """Time ``alpha = samples / d`` ([S] Sec. 4), now or after ``samples`` SGD samples."""
+        return (self.samples_seen if samples is None else samples) / self.d
 
     def preactivations(self, x: Tensor) -> Tensor:
         """``lam = W x / sqrt d`` of every member: x (N, d) -> (E, N, p)."""
@@ -208,7 +158,7 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every head: x (N, d) -> (E, N, n_tasks)."""
-        return phi(self.activation, self.preactivations(x)) @ self.h.transpose(-1, -2)
+        return self.activation(self.preactivations(x)) @ self.h.transpose(-1, -2)
 
     # -- analytic quantities (used by the callbacks) ------------------------------------------------
     def member_teachers(self, W_teachers: Tensor) -> Tensor:
@@ -265,12 +215,13 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
         (E, n_tasks); closed forms for erf, relu and linear (``zoo.theory.meanfield``)."""
         from zoo.theory.meanfield import generalisation_error
 
-        if self.activation == "sigmoid":
-            raise ValueError("theory_error: no closed form for activation 'sigmoid'; use test_error")
+        if self.activation_name not in ("erf", "relu", "linear") or self.custom_update:
+            raise ValueError(f"theory_error: no closed form for activation {self.activation_name!r} (or an "
+                             "overridden activation or loss); use test_error")
         Q, R, T = self.order_parameters(W_teachers, initial=initial)
         hT = self.member_teacher_heads(teacher_heads)
         h = (self.h_init if initial else self.h).detach().double()
-        eps = [generalisation_error(Q, R[:, t], T[:, t, t], h[:, t], hT[:, t], self.activation) for t in range(self.n_tasks)]
+        eps = [generalisation_error(Q, R[:, t], T[:, t, t], h[:, t], hT[:, t], self.activation_name) for t in range(self.n_tasks)]
         return torch.stack(eps, -1)
 
     def task_errors(self, datamodule, source: str = "theory") -> Tensor:
@@ -293,34 +244,11 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
         return hT[self.teacher_index % hT.shape[0]]
 
     # -- training -----------------------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is None or stage != "fit":
-            return
-        name = type(self).__name__
-        for attr in ("d", "n_tasks"):
-            if hasattr(dm, attr) and getattr(dm, attr) != getattr(self, attr):
-                raise ValueError(f"{name}: {attr} = {getattr(self, attr)} but the datamodule has {attr} = {getattr(dm, attr)}")
-        G = getattr(dm, "teacher_sets", 1)
-        if G != self.G:
-            if self.G != 1:
-                raise ValueError(f"{name}: teacher_sets = {self.G} but the datamodule has {G} teacher sets")
-            with torch.no_grad():
-                self.W = nn.Parameter(self.W.repeat_interleave(G, 0), requires_grad=False)
-                self.h = nn.Parameter(self.h.repeat_interleave(G, 0), requires_grad=False)
-            self.G = G
-            store_hparams(self, teacher_sets=G)
-            self._remember_init()
-            if self.ewc is not None:
-                self.ewc = self._ewc_state()
-        if self.ewc is not None and not callable(getattr(dm, "sample", None)):
-            raise TypeError(f"{name}: ewc needs a datamodule with sample(task, n) to estimate the Fisher "
-                            "(datamodules.TeacherStudent has one)")
-        if hasattr(dm, "gammas"):
-            self.gammas = list(dm.gammas)
-
-    def configure_optimizers(self):
-        return None  # the update is the explicit SGD of [S] Eqs. 6-7 (training_step)
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The update is the explicit SGD of [S] Eqs. 6-7 (``sgd_steps``, in place, no gradients);
+        this optimizer's ``step`` after each batch changes nothing and counts the batch's update in
+        Lightning's ``global_step``."""
+        return torch.optim.SGD(self.parameters(), lr=self.eta)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         x, y, task = batch["x"], batch["y"], int(batch["task"])
@@ -328,18 +256,29 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
             raise ValueError(f"{type(self).__name__}: batch 'x' must be (steps, batch_size, d = {self.d}); got {tuple(x.shape)}")
         if not 0 <= task < self.n_tasks:
             raise ValueError(f"{type(self).__name__}: batch task {task} but the student has {self.n_tasks} heads")
-        S = x.shape[0]
+        S, B = x.shape[:2]
         y = y.to(self.W.dtype)[..., self.teacher_index % y.shape[-1]]  # (S, B, E)
-        self._check_stream_position(batch)
-        if task != int(self.task) and self._task_ended != int(self.task):
-            self.on_task_switch(int(self.task), task)  # a datamodule without task_at: at the new task's first step
-        self.task.fill_(task)
+        self._check_stream_position(batch, B)
+        self.begin_task(task)
         Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
         losses = 0.5 * Delta.pow(2).mean((0, 1))
-        check_finite(losses, step=self.global_step, labels=self.labels,
+        check_finite(losses, step=self.samples_seen, labels=self.labels,
                      hint=f"eta = {self.eta} is probably too large (online SGD needs eta of order 1 or less).")
-        self._advance_global_step(S)
+        self.count_samples(S * B)
+        self.optimizers().step()
+        self._log_training(losses, batch_idx)
+        self.end_of_task(task, int(batch["step"]) + S if "step" in batch else self.samples_seen // B)
+        return {"member_loss": losses.detach()}
+
+    def _log_training(self, losses: Tensor, batch_idx: int) -> None:
+        """The loss (and EWC penalty) to the loggers at ``samples_seen`` (TensorBoard's x-axis is the
+        SGD step; ``zoo.cli`` purges a resumed run's events after its checkpoint's), every
+        ``log_every_n_steps`` batches and at the last; the progress bar shows the loss. Written to the
+        loggers directly: ``self.log`` costs ~1 ms a key a batch, as much as a chunk of SGD."""
         self.log("loss", losses.mean(), prog_bar=True, logger=False)
+        every, last = self.trainer.log_every_n_steps, self.trainer.num_training_batches
+        if not self.trainer.loggers or (self.global_step % every and batch_idx + 1 < last):
+            return
         metrics = {"loss": losses.mean()}
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             metrics |= {f"loss/{lbl}": l for lbl, l in zip(self.labels, losses)}
@@ -348,75 +287,52 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
             metrics["ewc/penalty"] = pen.mean()
             if 1 < self.ensemble <= MAX_MEMBER_TAGS:
                 metrics |= {f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)}
-        self._log_at_sgd_step(metrics)
-        self.end_of_task(task, self.global_step)
-        return {"member_loss": losses.detach()}
+        for lg in self.trainer.loggers:
+            lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
 
-    def _check_stream_position(self, batch: dict[str, Tensor]) -> None:
-        """A batch that says which SGD step it starts at must start at ``global_step``: otherwise a
+    def _check_stream_position(self, batch: dict[str, Tensor], B: int) -> None:
+        """A batch that says which SGD step it starts at must start at ``samples_seen``: otherwise a
         resumed run would continue its stream at another place, i.e. train a different run."""
-        if self._trainer is None or "step" not in batch or self.trainer.current_epoch > 0:
+        if attached_trainer(self) is None or "step" not in batch or self.trainer.current_epoch > 0:
             return
-        if int(batch["step"]) != self.global_step:
+        if int(batch["step"]) * B != self.samples_seen:
             raise RuntimeError(f"{type(self).__name__}: the batch starts at SGD step {int(batch['step'])} but the run "
-                               f"is at step {self.global_step}; the data stream and the checkpoint do not match")
+                               f"has seen {self.samples_seen} samples; the data stream and the checkpoint do not match")
 
-    def _log_at_sgd_step(self, metrics: dict[str, Tensor]) -> None:
-        """Write ``metrics`` to the loggers at ``global_step`` (SGD steps, the step of every zoo
-        callback), on the batches where ``self.log`` would (every ``log_every_n_steps`` batches).
-
-        ``self.log`` would write at Lightning's batch count, a second time axis: a run resumed
-        from a checkpoint at SGD step ``s`` drops what a killed run logged after ``s`` (TensorBoard
-        purge), which on the batch axis is not what came after the checkpoint."""
-        if self._trainer is None or not self.trainer.loggers or not self.trainer._logger_connector.should_update_logs:
-            return
-        for lg in self.trainer.loggers:
-            lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.global_step)
-
-    def on_task_switch(self, old: int, new: int) -> None:
-        """Called with the weights at the end of task ``old``, before any step of task ``new``
-        (at the end of ``old``'s last batch when the datamodule has ``task_at``, else at the start
-        of ``new``'s first): consolidates ``old`` for EWC if configured. Override to add behaviour
-        at a switch."""
-        if self.ewc is None or not self.ewc_config.consolidates(old, self.n_tasks):
-            return
-        x, y = self.trainer.datamodule.sample(old, self.ewc_config.samples)
-        y = y.to(self.W)[..., self.teacher_index % y.shape[-1]]
-        F = self.fisher_W(x.to(self.W), y, old, mode=self.ewc_config.fisher)
-        self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
-        self.ewc.check_step_size(self.eta, self.labels, type(self).__name__, "eta")
-        for lg in self.trainer.loggers:
-            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.global_step)
+    def consolidation_fisher(self, x: Tensor, y: Tensor, task: int) -> Tensor:
+        """The Fisher of ``W`` EWC stores at the end of ``task``, from ``fisher_data``'s x (n, d), y (n, G)."""
+        return self.fisher_W(x.to(self.W), y.to(self.W)[..., self.teacher_index % y.shape[-1]], task,
+                             mode=self.ewc_config.fisher)
 
     @torch.no_grad()
     def fisher_W(self, x: Tensor, y: Tensor, task: int, mode: str = "sampled") -> Tensor:
         """Diagonal Fisher of ``W`` for head ``task``, per member, (E, p, d) (THEORY.md sec. 2, EWC).
 
-        The per-sample gradient of ``1/2 Delta^2`` is ``Delta h_i phi'(lam_i) x / sqrt d``, so
-        ``F_ik = mean_s (Delta_s h_i phi'(lam_si))^2 x_sk^2 / d``. ``"empirical"`` uses the true
-        labels ``y`` (N, E); ``"sampled"`` takes the expectation over labels from the model's own
-        predictive ``y ~ N(y_hat, 1)``, i.e. ``Delta^2 -> 1`` (exact, no sampling noise).
+        The per-sample gradient of the loss is ``l'(Delta) h_i phi'(lam_i) x / sqrt d`` (``l'`` is
+        ``loss_grad``, ``Delta`` for ``1/2 Delta^2``), so ``F_ik = mean_s (l'_s h_i phi'(lam_si))^2
+        x_sk^2 / d``. ``"empirical"`` uses the true labels ``y`` (N, E); ``"sampled"`` takes the
+        expectation over labels from the model's own predictive ``y ~ N(y_hat, 1)``, i.e.
+        ``l'^2 -> 1`` (exact, no sampling noise; for the squared error).
         """
         if mode not in ("sampled", "empirical"):
             raise ValueError(f"fisher_W: mode = {mode!r}; allowed: 'sampled' or 'empirical'")
         lam = self.preactivations(x)  # (E, N, p)
-        u = lam * _kappa(self.activation)
-        f = _phi_u(self.activation, u)
-        df = _dphi_u(self.activation, u, f)
-        df = torch.ones_like(u) if df is None else df * _dphi_const(self.activation)
-        a = self.h[:, task, None, :] * df  # (E, N, p): h_i phi'(lam_i)
+        a = self.h[:, task, None, :] * self.activation_grad(lam)  # (E, N, p): h_i phi'(lam_i)
         if mode == "empirical":
-            delta = (f * self.h[:, task, None, :]).sum(-1) - y.T  # (E, N)
-            a = a * delta.unsqueeze(-1)
+            delta = (self.activation(lam) * self.h[:, task, None, :]).sum(-1) - y.T  # (E, N)
+            a = a * self.loss_grad(delta).unsqueeze(-1)
         return torch.einsum("enp,nd->epd", a.pow(2), x.pow(2)) / (x.shape[0] * self.d)
 
-    def _advance_global_step(self, n: int) -> None:
-        """Count ``n`` SGD steps in ``trainer.global_step`` (the update happens without an optimizer)."""
-        if self._trainer is None:
-            return
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress.total
-        progress.ready += n
-        progress.completed += n
+    # -- evaluation (validation_step / test_step of zoo.multihead) -------------------------------------
+    def eval_metrics(self) -> dict:
+        return {"error": HalfMeanSquaredError(num_outputs=self.ensemble)}
+
+    def update_eval(self, metrics: dict, batch: dict[str, Tensor], task: int) -> None:
+        """``batch``: x (N, d), y (N, G) the noiseless labels of ``task`` (``TeacherStudent``'s loaders)."""
+        x, y = batch["x"].to(self.W), batch["y"].to(self.W)
+        y_hat = self(x)[..., task]  # (E, N)
+        target = y.reshape(y.shape[0], -1)[:, self.teacher_index % y.reshape(y.shape[0], -1).shape[-1]]
+        metrics["error"].update(y_hat.T, target)
 
     def _block_size(self, B: int) -> int:
         """Samples per exact SGD block. The block's products (``W_0 X^T``, ``X X^T``, ``G^T X``)
@@ -429,7 +345,9 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
     def sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         """Run ``S`` SGD steps on head ``task``: x (S, B, d), y (S, B, E). Returns ``Delta`` (S, B, E).
 
-        Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step.
+        Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step. With
+        the EWC penalty on, or a subclass overriding ``activation``, ``activation_grad`` or
+        ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
         """
         S, B, d = x.shape
         E = self.ensemble
@@ -439,8 +357,8 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
         Delta = torch.empty(S * B, E, dtype=x.dtype, device=x.device)
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
-        if self.ewc is not None and self.ewc.active:
-            block = self._penalised_block
+        if (self.ewc is not None and self.ewc.active) or self.custom_update:
+            block = self._stepwise_block
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
         self.h.data[:, task] = h
@@ -448,7 +366,7 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
 
     def _constants(self, B: int) -> tuple[float, float, float, float]:
         """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``."""
-        act, d = self.activation, self.d
+        act, d = self.activation_name, self.d
         kappa, const = _kappa(act), _dphi_const(act)
         return kappa, kappa * self.eta * const / (d * B), self.eta / (d * B), self.eta * const / (math.sqrt(d) * B)
 
@@ -459,7 +377,7 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
         rows of the later samples take the rank-one correction ``-c K[:, j] g_j^T``, so row ``j``
         is exact when it is read. Every per-step tensor is a view made once per block (unbind).
         """
-        E, p, act, d = self.ensemble, self.p, self.activation, self.d
+        E, p, act, d = self.ensemble, self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(1)
         n = Xb.shape[0]
         U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, E p)
@@ -484,35 +402,38 @@ class MultiHeadStudent(TaskSwitchAtBatchEnd, pl.LightningModule):
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
         W.addmm_(Gb.T, Xb, alpha=-c_W)
 
-    def _penalised_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
-        """SGD steps on ``L_EWC`` one at a time: ``W`` also decays towards its anchor,
+    def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+        """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
+        ``loss_grad(Delta)``): the generic path. With EWC on, ``W`` also decays towards its anchor,
         ``W <- W - eta xi F (W - W*)``, which is not rank one, so there is no blocking."""
-        E, p, act, d = self.ensemble, self.p, self.activation, self.d
-        kappa, _, c_head, c_W = self._constants(B)
-        F = self.ewc.fisher("W").view(E * p, d)
-        W_star = self.ewc.anchor("W").view(E * p, d)
-        xi = self.ewc.xi
-        c_pen = self.eta * (xi if isinstance(xi, float) else xi.to(W).repeat_interleave(p)[:, None])
-        pull = torch.empty_like(W)
+        E, p, d = self.ensemble, self.p, self.d
+        c_head, c_W = self.eta / (d * B), self.eta / (math.sqrt(d) * B)
+        penalised = self.ewc is not None and self.ewc.active
+        if penalised:
+            F = self.ewc.fisher("W").view(E * p, d)
+            W_star = self.ewc.anchor("W").view(E * p, d)
+            xi = self.ewc.xi
+            c_pen = self.eta * (xi if isinstance(xi, float) else xi.to(W).repeat_interleave(p)[:, None])
+            pull = torch.empty_like(W)
         for j in range(0, Xb.shape[0], B):
             x = Xb[j:j + B]
-            u = (x @ W.T).mul_(kappa / math.sqrt(d)).view(B, E, p)
-            f = _phi_u(act, u)
+            lam = (x @ W.T).mul_(1.0 / math.sqrt(d)).view(B, E, p)
+            f = self.activation(lam)
             torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
-            dl = Db[j:j + B].unsqueeze(-1)
-            df = _dphi_u(act, u, f)
-            g = dl * h if df is None else dl * h * df
-            torch.sub(W, W_star, out=pull).mul_(F).mul_(c_pen)
-            W.addmm_(g.view(B, E * p).T, x, alpha=-c_W)
-            W.sub_(pull)
-            h.sub_((dl * f).sum(0), alpha=c_head)
+            g = self.loss_grad(Db[j:j + B]).unsqueeze(-1)  # (B, E, 1)
+            if penalised:
+                torch.sub(W, W_star, out=pull).mul_(F).mul_(c_pen)
+            W.addmm_((g * h * self.activation_grad(lam)).view(B, E * p).T, x, alpha=-c_W)
+            if penalised:
+                W.sub_(pull)
+            h.sub_((g * f).sum(0), alpha=c_head)
 
     def _minibatch_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """One block of minibatch SGD (``B`` samples per step, the mean step), in place.
 
         ``u_j = u_j(W_0) - c K[j, :j] G[:j]``: the corrections of the earlier steps of the block.
         """
-        E, p, act, d = self.ensemble, self.p, self.activation, self.d
+        E, p, act, d = self.ensemble, self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(B)
         n = Xb.shape[0]
         U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, E p)

@@ -3,6 +3,14 @@ done at the end of the old task's last batch so that checkpoints and resumes see
 from __future__ import annotations
 
 
+def attached_trainer(module):
+    """The module's Trainer, or None when it is used on its own (``module.trainer`` raises then)."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None
+
+
 class TaskSwitchAtBatchEnd:
     """Mixin for a LightningModule with ``on_task_switch(old, new)`` trained on a datamodule with
     ``task_at(step)`` and ``num_steps``.
@@ -18,7 +26,7 @@ class TaskSwitchAtBatchEnd:
 
     def end_of_task(self, task: int, step: int) -> None:
         """Switch if the datamodule's ``task_at(step)``, the next step's task, is not ``task``."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = getattr(attached_trainer(self), "datamodule", None)
         task_at, end = getattr(dm, "task_at", None), getattr(dm, "num_steps", None)
         if not callable(task_at) or end is None or step >= end:
             return

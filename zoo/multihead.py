@@ -1,0 +1,378 @@
+"""What the two multi-head ensembles of [S] share (``MultiHeadStudent``, Sec. 4; ``MultiHeadClassifier``,
+App. G): a first layer ``W`` shared by the tasks and one readout head per task, ``E`` members
+trained in one fit, each initialisation replicated once per data set the datamodule serves
+(teacher sets, MNIST similarities), EWC of ``W`` ([S] Sec. 4.2.2) at a task switch, and
+per-task validation and test metrics.
+
+**Members are data.** ``member_params`` holds one dict per member (its init parameters, seed,
+EWC ``xi`` and data set, e.g. ``{"theta": 0.39, "r": 1.0, "seed": 0, "gamma": 0.5}``); ``labels``
+are derived from it by ``zoo.labels.member_labels`` and never parsed back.
+
+**Override points** (README table): ``activation(lam)`` and ``activation_grad(lam)`` (``phi`` and
+``phi'`` of the hidden units, elementwise) and ``loss_grad(delta)`` (the derivative of the
+per-sample loss with respect to the readout). The built-in activations are named by the
+``activation`` argument; a subclass that overrides one of the methods is trained through them
+(``custom_update``), and ``activation_grad`` falls back to autograd of ``activation``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from torchmetrics import Metric
+
+from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resolve_members
+from zoo.ewc import EWC, EWCState, ensemble_state
+from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.progress import Progress
+from zoo.task_switch import TaskSwitchAtBatchEnd, attached_trainer
+
+ACTIVATIONS = ("erf", "relu", "sigmoid", "linear", "tanh")
+"""The built-in ``phi`` (``erf`` is ``erf(lam / sqrt 2)``, [S] Sec. 2.2)."""
+
+
+# The built-ins in the scaled variable ``u = kappa lam`` that the student's SGD kernel runs on
+# (erf: ``phi = erf(u)``, ``u = lam / sqrt 2``); ``phi'(lam) = dphi_const * dphi_u(u)``.
+def kappa(name: str) -> float:
+    return 1.0 / math.sqrt(2.0) if name == "erf" else 1.0
+
+
+def dphi_const(name: str) -> float:
+    return math.sqrt(2.0 / math.pi) if name == "erf" else 1.0
+
+
+def phi_u(name: str, u: Tensor) -> Tensor:
+    if name == "erf":
+        return torch.erf(u)
+    if name == "relu":
+        return torch.relu(u)
+    if name == "sigmoid":
+        return torch.sigmoid(u)
+    if name == "tanh":
+        return torch.tanh(u)
+    return u
+
+
+def dphi_u(name: str, u: Tensor, phi: Tensor) -> Tensor | None:
+    """``phi'(lam) / dphi_const`` from ``u`` and ``phi`` (None for linear: it is 1)."""
+    if name == "erf":
+        return torch.exp(-(u * u))
+    if name == "relu":
+        return (u > 0).to(u.dtype)
+    if name in ("sigmoid", "tanh"):
+        return phi - phi * phi if name == "sigmoid" else 1 - phi * phi
+    return None
+
+
+def phi(name: str, lam: Tensor) -> Tensor:
+    """The built-in activation ``name`` at ``lam``."""
+    return phi_u(name, lam * kappa(name))
+
+
+def phi_grad(name: str, lam: Tensor) -> Tensor:
+    """``phi'(lam)`` of the built-in activation ``name``, in closed form."""
+    u = lam * kappa(name)
+    grad = dphi_u(name, u, phi_u(name, u))
+    return torch.ones_like(lam) if grad is None else dphi_const(name) * grad
+
+
+class BuiltinActivation(str):
+    """A built-in activation's name that is also its function: ``module.activation`` reads as the
+    name (``"erf"``: what the mean-field theory and the callbacks dispatch on) and calls as ``phi``.
+    Set on a module only when its class does not override ``activation``."""
+
+    def __call__(self, lam: Tensor) -> Tensor:
+        return phi(str(self), lam)
+
+
+def check_positive_ints(owner: str, **values: object) -> None:
+    """Bad sizes are an error naming the argument, before anything is built."""
+    for arg, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+            raise ValueError(f"{owner}: {arg} = {value!r}; allowed: a positive integer")
+
+
+class MemberMean(Metric):
+    """Mean of a per-sample quantity for every ensemble member, (E,): a ``torchmetrics.Metric``, so
+    the sums reduce across devices (accuracy: the mean of ``argmax == y``)."""
+
+    full_state_update = False
+
+    def __init__(self, members: int) -> None:
+        super().__init__()
+        self.add_state("total", torch.zeros(members, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, values: Tensor) -> None:
+        """``values`` (E, N): one value per member and sample."""
+        self.total += values.detach().sum(-1).to(self.total)
+        self.count += values.shape[-1]
+
+    def compute(self) -> Tensor:
+        return self.total / self.count
+
+
+class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
+    """Base of ``MultiHeadStudent`` and ``MultiHeadClassifier``: members, replication over data sets,
+    EWC at the switch, the override points, per-task ``validation_step``/``test_step``.
+
+    A subclass sets ``sets_arg`` (its constructor argument holding ``G``, set from the datamodule),
+    ``sets_attr`` (the datamodule's attribute giving ``G``; its ``set_params`` name the sets),
+    ``step_size_name`` and ``sizes_shared_with_data``, and implements ``consolidation_fisher(x, y,
+    task)`` and ``eval_metrics``/``update_eval``.
+    """
+
+    sets_arg = "teacher_sets"
+    sets_attr = "teacher_sets"
+    step_size_name = "eta"
+
+    # -- construction ---------------------------------------------------------------------------------
+    def init_members(self, init_w, init_heads, init_later_heads, ewc: EWC | dict | None) -> tuple[dict, EWC | None, dict]:
+        """The checked schemes, the EWC settings (a checkpoint's dict made an ``EWC``) and the plain
+        hyperparameters to record for them (a subclass passes these to ``save_own_hyperparameters``)."""
+        self.init_progress()
+        schemes = layer_schemes(init_w, init_heads, init_later_heads)
+        if isinstance(ewc, dict):
+            ewc = EWC(**ewc)
+        plain = {key: scheme.spec() for key, scheme in schemes.items()} | ({"ewc": asdict(ewc)} if ewc else {})
+        return schemes, ewc, plain
+
+    def build_members(self, schemes: dict, ewc: EWC | None, seed, grid: bool, ensemble: int | None, sets: int,
+                      n_tasks: int, w_shape: tuple[int, int], head_shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Resolve the members, remember their parameters and return ``W`` (E G, *w_shape) and the
+        heads (E G, n_tasks, *head_shape) of every member, each initialisation repeated ``G = sets`` times."""
+        name = type(self).__name__
+        check_positive_ints(name, **{self.sets_arg: sets})
+        xis = [float(x) for x in ewc.xi] if ewc is not None and isinstance(ewc.xi, (list, tuple)) else None
+        members = resolve_members(name, schemes, seed, xis, grid, ensemble)
+        self.schemes, self.xis, self.G = members.schemes, members.xis, int(sets)
+        self.init_params = member_params(members.schemes, members.E, members.seeds, members.xis)
+        self.sets: list[dict] = [{"set": g} for g in range(self.G)]
+        self.register_buffer("task", torch.tensor(0))
+        self.ewc_config = ewc
+        W, heads = multi_head_weights(members, n_tasks, w_shape, head_shape)
+        return W.float().repeat_interleave(self.G, 0), heads.float().repeat_interleave(self.G, 0)
+
+    def set_activation(self, activation: str) -> None:
+        """``activation_name``, and unless a subclass overrides ``activation(lam)``, ``activation``
+        as a :class:`BuiltinActivation` (the name, callable)."""
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{type(self).__name__}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
+        self.activation_name = str(activation)
+        if type(self).activation is MultiHeadModule.activation:
+            self.activation = BuiltinActivation(activation)
+
+    @staticmethod
+    def check_step_size(owner: str, name: str, value: float) -> float:
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{owner}: {name} = {value}; allowed: a positive number")
+        return float(value)
+
+    def _ewc_state(self) -> EWCState | None:
+        """Buffers for EWC of ``W``, with one ``xi`` per member if ``xi`` is a list."""
+        state = ensemble_state(self.ewc_config, self.xis, self.G, {"W": self.W.shape})
+        return None if state is None else state.to(self.W.device)
+
+    # -- members as data ------------------------------------------------------------------------------
+    @property
+    def ensemble(self) -> int:
+        """Number of members ``E`` (initialisations times data sets)."""
+        return self.W.shape[0]
+
+    @property
+    def member_params(self) -> list[dict]:
+        """One dict per member of what tells it apart: the init parameters, seed and ``xi`` that vary
+        (``zoo.ensemble.member_params``) and, with several data sets, its set's parameters (e.g.
+        ``gamma``; member ``e`` is initialisation ``e // G`` on data set ``e mod G``)."""
+        if self.G == 1:
+            return [dict(p) for p in self.init_params]
+        # an init parameter named like a data set's (EntropyMix's gamma beside the teachers' gamma)
+        # is qualified, so that neither overwrites the other
+        taken = {k for s in self.sets for k in s}
+        inits = [{f"init.{k}" if k in taken else k: v for k, v in p.items()} for p in self.init_params]
+        return [{**p, **s} for p in inits for s in self.sets]
+
+    @property
+    def labels(self) -> list[str]:
+        """One label per member from the parameters that vary, e.g. ``theta=0.3927,gamma=0.5``."""
+        key = (self.G, repr(self.sets))  # kept: the training step names members on every batch
+        if getattr(self, "_labels", (None,))[0] != key:
+            self._labels = (key, member_labels(self.member_params))
+        return list(self._labels[1])
+
+    @property
+    def base_labels(self) -> list[str]:
+        """One label per initialisation (what varies across them, data sets left out)."""
+        return member_labels(self.init_params)
+
+    @property
+    def set_index(self) -> Tensor:
+        """The data set of every member, (E,): ``e mod G``."""
+        return torch.arange(self.ensemble, device=self.W.device) % self.G
+
+    # -- override points ------------------------------------------------------------------------------
+    def activation(self, lam: Tensor) -> Tensor:
+        """``phi(lam)`` of the hidden units, elementwise. Override to train another activation."""
+        return phi(self.activation_name, lam)
+
+    def activation_grad(self, lam: Tensor) -> Tensor:
+        """``phi'(lam)``: closed form for the built-ins, autograd of :meth:`activation` when a
+        subclass overrides it."""
+        if type(self).activation is MultiHeadModule.activation:
+            return phi_grad(self.activation_name, lam)
+        with torch.enable_grad():
+            z = lam.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(self.activation(z).sum(), z)
+        return grad
+
+    def loss_grad(self, delta: Tensor) -> Tensor:
+        """The derivative of the per-sample loss with respect to the readout's output, as a function
+        of the residual ``delta``: ``Delta = y_hat - y`` for the student's ``1/2 Delta^2`` ([S] Eq. 6),
+        ``softmax - onehot(y)`` for the classifier's cross-entropy; both losses' derivative is
+        ``delta`` itself. Override to train another loss."""
+        return delta
+
+    @property
+    def custom_update(self) -> bool:
+        """Whether a subclass overrides an override point: training then goes through them."""
+        cls = type(self)
+        return any(getattr(cls, m) is not getattr(MultiHeadModule, m) for m in ("activation", "activation_grad", "loss_grad"))
+
+    # -- data sets ------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Match the datamodule: sizes, and ``G`` data sets (each initialisation replicated ``G``
+        times on the first setup; a checkpoint then reloads the replicated ensemble). Every stage:
+        ``lightning test --ckpt_path`` builds the module from its config before loading the weights."""
+        dm = getattr(attached_trainer(self), "datamodule", None)
+        if dm is None:
+            return
+        name = type(self).__name__
+        for attr in self.sizes_shared_with_data:
+            theirs = getattr(dm, attr, None)
+            if isinstance(theirs, int) and theirs != getattr(self, attr):
+                raise ValueError(f"{name}: {attr} = {getattr(self, attr)} but the datamodule has {attr} = {theirs}")
+        G = int(getattr(dm, self.sets_attr, 1))
+        if G != self.G:
+            if self.G != 1:
+                raise ValueError(f"{name}: {self.sets_arg} = {self.G} but the datamodule has {G} data sets")
+            self.replicate(G)
+        self.sets = self.set_params(dm)
+        if self.ewc_config is not None and not callable(getattr(dm, "fisher_data", None)):
+            raise TypeError(f"{name}: ewc needs a datamodule with fisher_data(task, n) to estimate the Fisher")
+
+    sizes_shared_with_data: tuple[str, ...] = ()
+
+    def set_params(self, dm) -> list[dict]:
+        """One dict per data set of ``dm``, its ``set_params`` (e.g. ``{"gamma": 0.5}``; else the index)."""
+        return [dict(s) for s in getattr(dm, "set_params", None) or [{"set": g} for g in range(self.G)]]
+
+    @torch.no_grad()
+    def replicate(self, G: int) -> None:
+        """Repeat every initialisation ``G`` times (parameters and per-member buffers)."""
+        for name, param in list(self.named_parameters(recurse=False)):
+            setattr(self, name, nn.Parameter(param.detach().repeat_interleave(G, 0), requires_grad=param.requires_grad))
+        self.G = G
+        from zoo.hparams import store_hparams
+
+        store_hparams(self, **{self.sets_arg: G})
+        self.ewc = self._ewc_state()
+
+    # -- EWC at the switch ----------------------------------------------------------------------------
+    def on_task_switch(self, old: int, new: int) -> None:
+        """Called with the weights at the end of task ``old``, before any step of task ``new``:
+        consolidates ``old`` for EWC if configured (anchors ``W``, stores its Fisher, logs its
+        summary). Override to add behaviour at a switch."""
+        if self.ewc is None or not self.ewc_config.consolidates(old, self.n_tasks):
+            return
+        x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
+        F = self.consolidation_fisher(x.to(self.W.device), y.to(self.W.device), old)
+        self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
+        for lg in self.trainer.loggers:
+            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.event_step())
+
+    def begin_task(self, task: int) -> None:
+        """At a training batch of ``task``: switch if it is a new one (a datamodule without
+        ``task_at`` switches here, at the new task's first step) and, before the first step on an
+        EWC penalty, check that SGD is stable on it."""
+        if task == int(self.task):
+            return
+        if self._task_ended != int(self.task):
+            self._switch_step = self.global_step
+            self.on_task_switch(int(self.task), task)
+        if self.ewc is not None and self.ewc.active:
+            self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__,
+                                     self.step_size_name)
+        self.task.fill_(task)
+
+    logs_on_samples = False
+    """True: the module logs at ``samples_seen`` (Lightning's ``step`` key) instead of ``global_step``."""
+
+    def event_step(self) -> int:
+        """Where a switch's summary is logged: the step of the switch on the module's log axis."""
+        return self.samples_seen if self.logs_on_samples else self._switch_step
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.logs_on_samples:  # zoo.cli purges a resumed run's TensorBoard events after this step
+            checkpoint["log_step_resumed"] = self.samples_seen + 1
+
+    # -- evaluation -----------------------------------------------------------------------------------
+    def eval_metrics(self) -> dict[str, Metric]:
+        """Fresh metrics of one task (name -> a per-member ``Metric``)."""
+        raise NotImplementedError
+
+    def update_eval(self, metrics: dict[str, Metric], batch: dict[str, Tensor], task: int) -> None:
+        """Update ``metrics`` with an evaluation batch of ``task``."""
+        raise NotImplementedError
+
+    def _metrics(self, stage: str, task: int) -> dict[str, Metric]:
+        """The metrics of ``stage`` and ``task``, made for the current ensemble (it grows at setup)."""
+        if getattr(self, "eval_members", None) != self.ensemble:
+            self.eval_store = nn.ModuleDict({f"{s}{t}": nn.ModuleDict(self.eval_metrics()) for s in ("val", "test")
+                                             for t in range(self.n_tasks)}).to(self.W.device)
+            self.eval_members = self.ensemble
+        return self.eval_store[f"{stage}{task}"]
+
+    def _evaluate(self, stage: str, batch: dict[str, Tensor]) -> None:
+        task = int(batch["task"])
+        if not 0 <= task < self.n_tasks:
+            raise ValueError(f"{type(self).__name__}: {stage} batch of task {task} but the module has {self.n_tasks} heads")
+        with torch.no_grad():
+            self.update_eval(self._metrics(stage, task), batch, task)
+
+    def _log_eval(self, stage: str) -> None:
+        """Log ``<stage>/task<t>/<metric>`` (mean over members) and, for up to ``MAX_MEMBER_TAGS``
+        members, ``<stage>/task<t>/<metric>/<label>``; tasks numbered from 1. ``self.log`` gives the
+        printed table of ``lightning validate|test``; a module on the samples axis writes the loggers
+        itself, at ``samples_seen`` (``self.log`` would write at ``global_step``)."""
+        if getattr(self, "eval_members", None) != self.ensemble:
+            return
+        labels, metrics = self.labels, {}
+        for task in range(self.n_tasks):
+            for name, metric in self.eval_store[f"{stage}{task}"].items():
+                if not metric.update_called:
+                    continue
+                values = metric.compute().float()
+                metrics[f"{stage}/task{task + 1}/{name}"] = values.mean()
+                if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+                    metrics |= {f"{stage}/task{task + 1}/{name}/{label}": v for label, v in zip(labels, values)}
+                metric.reset()
+        self.log_dict(metrics, logger=not self.logs_on_samples)
+        if self.logs_on_samples and self.trainer.is_global_zero:
+            for lg in self.trainer.loggers:
+                lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate("val", batch)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate("test", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
