@@ -11,45 +11,11 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import quiet_trainer
+from tests.helpers_vae import TinySquares, short_trainer
 from zoo.divergence import DivergenceError
 from zoo.init import Gain, Xavier
 from zoo.vae import (ACTIVE_THRESHOLD, BetaVAE, BetaVAESweep, active_latents, bernoulli_reconstruction,
                      gaussian_kl)
-
-
-class TinySquares(pl.LightningDataModule):
-    """A factor grid of 1x8x8 images: a 2x2 square at (row, col) of 4x4 positions with one of two
-    brightnesses. Follows the interface of ``datamodules.shapes`` (batches ``(x, factors)``,
-    ``factor_names``, ``factor_sizes``, ``image_shape``, ``sample``, ``images_for``)."""
-
-    def __init__(self, batch_size: int = 16, n_train: int = 128, seed: int = 0) -> None:
-        super().__init__()
-        self.batch_size, self.n_train, self.seed = batch_size, n_train, seed
-        self.factor_names, self.factor_sizes, self.image_shape = ["row", "col", "brightness"], [4, 4, 2], (1, 8, 8)
-
-    def images_for(self, factors: torch.Tensor) -> torch.Tensor:
-        x = torch.zeros(len(factors), *self.image_shape)
-        for k, (r, c, b) in enumerate(factors.tolist()):
-            x[k, 0, 2 * r:2 * r + 2, 2 * c:2 * c + 2] = 0.5 + 0.5 * b
-        return x
-
-    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        f = torch.stack([torch.randint(s, (n,), generator=generator) for s in self.factor_sizes], 1)
-        return self.images_for(f), f
-
-    def setup(self, stage: str) -> None:
-        self.data = TensorDataset(*self.sample(self.n_train, torch.Generator().manual_seed(self.seed)))
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.data, batch_size=self.batch_size, shuffle=True,
-                          generator=torch.Generator().manual_seed(self.seed))
-
-
-def short_trainer(tmp_path, steps: int, callbacks=()) -> pl.Trainer:
-    """``quiet_trainer`` (TensorBoard in ``tmp_path/tb/version_0``) stopped after ``steps`` steps."""
-    trainer = quiet_trainer(tmp_path, list(callbacks))
-    trainer.fit_loop.epoch_loop.max_steps = steps
-    return trainer
 
 
 def _vae(**kw) -> BetaVAE:
@@ -246,8 +212,15 @@ def test_sweep_rejects_bad_seeds_and_unknown_members():
         BetaVAESweep(seeds=[1, 1])
     sweep = BetaVAESweep(latent_dim=2, encoder_widths=[4], decoder_widths=[4], init_encoder=Gain(g=[1.0, 2.0]),
                          seeds=[0], image_shape=[1, 4, 4])
-    with pytest.raises(KeyError, match="g=1,seed=0"):
+    # one seed: the labels name what varies (zoo.labels), member_params keep the seed
+    assert sweep.labels == ["g=1", "g=2"]
+    assert sweep.member_params == [{"g": 1.0, "seed": 0}, {"g": 2.0, "seed": 0}]
+    with pytest.raises(KeyError, match="g=1, g=2"):
         sweep.member("g=3,seed=0")
+    assert [lbl for lbl, _ in sweep.select([{"g": 2.0}])] == ["g=2"]
+    assert sweep.select([{"g": 2, "seed": 0}])[0][1] is sweep.members[1]
+    with pytest.raises(ValueError, match="no member has .*'g': 3"):
+        sweep.select([{"g": 1.0}, {"g": 3}])
     assert isinstance(sweep.members[0].schemes["init_encoder"], Gain)
     assert isinstance(sweep.members[0].schemes["init_decoder"], Xavier)
 
