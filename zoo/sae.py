@@ -164,9 +164,10 @@ class SparseAutoencoder(Progress, pl.LightningModule):
         counts.update(h)
         reconstruction.update(x, self.decode(h))
 
-    @staticmethod
-    def _measures(counts: FiringCounts, reconstruction: Reconstruction) -> dict[str, Tensor]:
-        return {**counts.compute(), **reconstruction.compute()}
+    def _measures(self, counts: FiringCounts, reconstruction: Reconstruction) -> dict[str, Tensor]:
+        # torchmetrics squeezes a one-element result: one member's measures keep their member axis
+        return {k: v.reshape(self.ensemble, -1).squeeze(1) for k, v in {**counts.compute(),
+                                                                         **reconstruction.compute()}.items()}
 
     @torch.no_grad()
     def measure(self, x: Tensor, threshold: float = 0.0, dense_threshold: float = 0.5) -> dict[str, Tensor]:

@@ -203,7 +203,7 @@ class _Evaluation(Progress):
         metric = self.eval_metrics[stage]
         if metric.update_count:
             for name, values in metric.compute().items():
-                self._per_member(stage, name, values.float())
+                self._per_member(stage, name, values.float().reshape(-1))  # torchmetrics squeezes one member's
         metric.reset()
 
     def validation_step(self, batch, batch_idx: int) -> None:
