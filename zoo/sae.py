@@ -37,6 +37,7 @@ from zoo.ensemble import grid_product
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.metrics.sparsity import FiringCounts
+from zoo.evaluation import StagedEvaluation
 from zoo.progress import Progress
 
 MEASURES = ("eq31", "l0", "dead_fraction", "dense_fraction", "mse", "explained_variance")
@@ -45,7 +46,7 @@ CHUNK = 1024
 """Data points per forward pass of :meth:`SparseAutoencoder.measure` (bounds memory; results do not depend on it)."""
 
 
-class SparseAutoencoder(Progress, pl.LightningModule):
+class SparseAutoencoder(StagedEvaluation, Progress, pl.LightningModule):
     """A one-hidden-layer ReLU autoencoder with an optional L1 penalty on its hidden activity.
 
     Args:
@@ -181,10 +182,10 @@ class SparseAutoencoder(Progress, pl.LightningModule):
             self._update(x[i:i + CHUNK], counts, reconstruction)
         return self._measures(counts, reconstruction)
 
-    def _evaluate(self, batch, stage: str) -> None:
+    def evaluate_batch(self, batch, stage: str) -> None:
         self._update(self._vectors(batch), *self.eval_metrics[stage])
 
-    def _log_measures(self, stage: str) -> None:
+    def log_evaluation(self, stage: str) -> None:
         counts, reconstruction = self.eval_metrics[stage]
         if counts.update_count:
             out, alive = self._measures(counts, reconstruction), self.alive
@@ -196,17 +197,6 @@ class SparseAutoencoder(Progress, pl.LightningModule):
         counts.reset()
         reconstruction.reset()
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, "test")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_measures("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_measures("test")
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         x = self._vectors(batch)

@@ -60,6 +60,7 @@ from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.metrics.reconstruction import Reconstruction
+from zoo.evaluation import StagedEvaluation
 from zoo.progress import Progress
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
@@ -170,7 +171,7 @@ class _OwnNoise:
             self._noise_restored = True
 
 
-class _Evaluation(Progress):
+class _Evaluation(StagedEvaluation, Progress):
     """``validation_step`` / ``test_step`` of the module's VAEs (``_noise_models()``, labels
     ``labels``) on the datamodule's held-out batches ``(x, ...)``: from the posterior means, so
     no noise is drawn and the training stream is untouched. Logs ``<stage>/reconstruction`` (the
@@ -191,7 +192,7 @@ class _Evaluation(Progress):
             for label, v in zip(self.labels, values):
                 self.log(f"{stage}/{name}/{label}", v, sync_dist=True, **kw)
 
-    def _evaluate(self, batch, stage: str) -> None:
+    def evaluate_batch(self, batch, stage: str) -> None:
         x = batch[0]
         outs = [m.evaluate(x) for m in self._noise_models()]
         self.eval_metrics[stage].update(x, torch.stack([o["x_hat"] for o in outs]))
@@ -199,24 +200,12 @@ class _Evaluation(Progress):
             self._per_member(stage, name, torch.stack([o[name].mean() for o in outs]), on_epoch=True,
                              batch_size=x.shape[0])
 
-    def _log_metric(self, stage: str) -> None:
+    def log_evaluation(self, stage: str) -> None:
         metric = self.eval_metrics[stage]
         if metric.update_count:
             for name, values in metric.compute().items():
                 self._per_member(stage, name, values.float().reshape(-1))  # torchmetrics squeezes one member's
         metric.reset()
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, "test")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metric("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metric("test")
 
 
 # ------------------------------------------------------------------------------------------------
