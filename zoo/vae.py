@@ -164,6 +164,11 @@ class _OwnNoise:
         checkpoint[NOISE_KEY] = self._noise_models()[0].noise().get_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # a model saved before samples_seen existed (e.g. phase 1 of fig13 for Latents) still loads, counting from 0
+        state = checkpoint.get("state_dict", {})
+        for key, value in self.state_dict().items():
+            if key.endswith("samples_seen_"):
+                state.setdefault(key, torch.zeros_like(value))
         if NOISE_KEY in checkpoint:
             g = torch.Generator()
             g.set_state(checkpoint[NOISE_KEY])
