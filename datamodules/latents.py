@@ -114,6 +114,7 @@ class Latents(pl.LightningDataModule):
 
     def _load(self) -> Tensor:
         if self._codes is None:
+            self.encoder()  # a bad checkpoint is the first error, before the images are read
             codes = self._encode(self.images.images)
             self.mean = codes.mean(0)
             self._codes = codes - self.mean if self.centre else codes
