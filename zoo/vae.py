@@ -42,6 +42,12 @@ scheme and per seed, e.g. ``Gain(g=[0.3, 1, 3])`` x seeds ``[0, 1, 2, 3]``) side
 same batches, so a whole figure is one ``lightning fit``. One Adam over all their parameters is
 the same as one Adam per model: Adam's update of a parameter depends only on that parameter's
 own gradients, and each member's gradient is that of its own loss (the total is their sum).
+Its ``member_params`` (list-valued init parameters and seed of each member) name the members.
+
+**Evaluation**: ``validation_step`` / ``test_step`` score the posterior means (no noise drawn) on
+the datamodule's held-out batches: Bernoulli reconstruction, KL, and the pixel probabilities'
+MSE and explained variance (``zoo.metrics.reconstruction``), so ``lightning test --config R
+--ckpt_path C`` prints them. ``samples_seen`` counts the training images (``zoo.progress``).
 """
 from __future__ import annotations
 
