@@ -269,3 +269,15 @@ def test_checkpoint_restores_a_sweep_built_from_the_data(tmp_path):
     assert again.labels == sweep.labels and again.hparams["image_shape"] == [1, 8, 8]
     for a, b in zip(sweep.parameters(), again.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_checkpoint_from_before_samples_seen_still_loads(tmp_path):
+    vae = _vae()
+    trainer = short_trainer(tmp_path, 2)
+    trainer.fit(vae, datamodule=TinySquares())
+    trainer.save_checkpoint(tmp_path / "new.ckpt")
+    ckpt = torch.load(tmp_path / "new.ckpt", weights_only=False)
+    assert int(ckpt["state_dict"].pop("samples_seen_")) == 2 * 16
+    torch.save(ckpt, tmp_path / "old.ckpt")  # as saved before the counter existed (fig13 phase 1)
+    old = BetaVAE.load_from_checkpoint(tmp_path / "old.ckpt", weights_only=False)
+    assert old.samples_seen == 0 and torch.equal(old.encoder[0].weight, vae.encoder[0].weight)
