@@ -11,6 +11,9 @@ notebook, or an untrained one for smoke tests); exactly one of the two is requir
 checkpoint path that does not exist is an error naming the path, raised when the datamodule is
 built (before any training).
 
+Validation and testing run on the codes of the other split's images (``held_out``, encoded when
+first asked for; centred with the training codes' mean).
+
 ``centre`` subtracts the codes' mean (over the split used): a VAE's means are near zero on
 average but not exactly, and a bias-free unit's firing depends on where the data sit relative to
 the origin (see ``recipes/specialisation/fig13_isae.yaml``).
@@ -24,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.mnist_images import MNISTImages, _positive
+from datamodules.mnist_images import MNISTImages, _positive, held_out_loader
 from datamodules.resumable import ResumableLoader, shuffled_batches
 from zoo.vae import BetaVAE
 
@@ -79,6 +82,7 @@ class Latents(pl.LightningDataModule):
         self.checkpoint, self.vae, self.centre = checkpoint, vae, bool(centre)
         self.batch_size, self.seed, self.num_workers = int(batch_size), int(seed), int(num_workers)
         self._codes: Tensor | None = None
+        self._held_out: Tensor | None = None
         self.mean: Tensor | None = None
 
     def encoder(self) -> BetaVAE:
@@ -98,19 +102,38 @@ class Latents(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self._load()
 
+    def _encode(self, x: Tensor) -> Tensor:
+        vae = self.encoder()
+        if list(vae.image_shape) != list(MNISTImages.image_shape):
+            raise ValueError(f"{type(self).__name__}: the VAE was built for images {vae.image_shape}, "
+                             f"not MNIST's {list(MNISTImages.image_shape)}")
+        device = next(vae.parameters()).device
+        with torch.inference_mode():
+            return torch.cat([vae.codes(x[i:i + ENCODE_CHUNK].to(device)).float().cpu()
+                              for i in range(0, x.shape[0], ENCODE_CHUNK)])
+
     def _load(self) -> Tensor:
         if self._codes is None:
-            vae, x = self.encoder(), self.images.images
-            if list(vae.image_shape) != list(MNISTImages.image_shape):
-                raise ValueError(f"{type(self).__name__}: the VAE was built for images {vae.image_shape}, "
-                                 f"not MNIST's {list(MNISTImages.image_shape)}")
-            device = next(vae.parameters()).device
-            with torch.inference_mode():
-                codes = torch.cat([vae.codes(x[i:i + ENCODE_CHUNK].to(device)).float().cpu()
-                                   for i in range(0, x.shape[0], ENCODE_CHUNK)])
+            self.encoder()  # a bad checkpoint is the first error, before the images are read
+            codes = self._encode(self.images.images)
             self.mean = codes.mean(0)
             self._codes = codes - self.mean if self.centre else codes
         return self._codes
+
+    @property
+    def held_out(self) -> Tensor:
+        """Codes of the other split's images (centred with the training codes' mean if ``centre``)."""
+        if self._held_out is None:
+            self._load()  # the training codes' mean
+            codes = self._encode(self.images.held_out)
+            self._held_out = codes - self.mean if self.centre else codes
+        return self._held_out
+
+    def val_dataloader(self) -> DataLoader:
+        return held_out_loader(self.held_out, self.batch_size, self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
 
     @property
     def codes(self) -> Tensor:

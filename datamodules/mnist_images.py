@@ -5,7 +5,8 @@ Batches are ``(x,)`` with ``x`` (B, 1, 28, 28) float32, ``x = pixel / 255`` in [
 VAE its input size before it builds. Files are read by :func:`datamodules.mnist_files.load_mnist` from
 ``data_dir/MNIST/raw`` (offline, never written: the ``.gz`` files are extracted into the cache; a
 missing or corrupt file is a clear error naming ``data_dir`` and the folder).
-The training order is a seeded shuffle, so a run is reproducible.
+The training order is a seeded shuffle, so a run is reproducible. Validation and testing run on
+the other split (``held_out``: the 10,000 test images when training on ``"train"``), in file order.
 """
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ def _positive(owner: str, arg: str, value: object, allow_none: bool = False) -> 
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{owner}: {arg} = {value!r}; allowed: a positive integer" + (" or null" if allow_none else ""))
+
+
+def held_out_loader(x: Tensor, batch_size: int, num_workers: int) -> DataLoader:
+    """Batches ``(x,)`` in order. The loader has a generator of its own: each iterator draws a base
+    seed, and from the global generator that would shift what training draws after a validation."""
+    return DataLoader(TensorDataset(x), batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                      generator=torch.Generator().manual_seed(0))
 
 
 class MNISTImages(pl.LightningDataModule):
@@ -64,18 +72,28 @@ class MNISTImages(pl.LightningDataModule):
         self.batch_size, self.seed, self.num_workers = int(batch_size), int(seed), int(num_workers)
         self._images: Tensor | None = None
         self._digits: Tensor | None = None
+        self._held_out: Tensor | None = None
 
     def setup(self, stage: str | None = None) -> None:
         self._load()
 
+    def _read(self, split: str) -> tuple[Tensor, Tensor]:
+        """Images (N, 1, 28, 28) in [0, 1] and digits of a split (its first ``num_samples``)."""
+        images, digits = load_mnist(self.data_dir, who=type(self).__name__)[split]
+        n = self.num_samples
+        return images[:n].unsqueeze(1).float().div_(255.0), digits[:n]
+
     def _load(self) -> Tensor:
         if self._images is None:
-            images, digits = load_mnist(self.data_dir, who=type(self).__name__)[self.split]
-            if self.num_samples is not None:
-                images, digits = images[: self.num_samples], digits[: self.num_samples]
-            self._images = images.unsqueeze(1).float().div_(255.0)  # (N, 1, 28, 28) in [0, 1]
-            self._digits = digits
+            self._images, self._digits = self._read(self.split)
         return self._images
+
+    @property
+    def held_out(self) -> Tensor:
+        """The other split's images (first ``num_samples``), for validation and testing."""
+        if self._held_out is None:
+            self._held_out = self._read(SPLITS[1 - SPLITS.index(self.split)])[0]
+        return self._held_out
 
     @property
     def images(self) -> Tensor:
@@ -96,6 +114,12 @@ class MNISTImages(pl.LightningDataModule):
         data = TensorDataset(self._load())
         return ResumableLoader(data, batch_sampler=shuffled_batches(len(data), self.batch_size, g), generator=g,
                                num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return held_out_loader(self.held_out, self.batch_size, self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
 
     def samples(self, n: int) -> Tensor:
         """``n`` images drawn without replacement from their own seed (a fixed evaluation set)."""

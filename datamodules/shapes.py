@@ -9,7 +9,10 @@ in the (possibly subsampled) grid, ``0 .. factor_sizes[k] - 1``, in ``factor_nam
 the images are read by ``setup``. ``sample(n, generator)`` draws ``n`` grid points uniformly
 (with replacement, as disentanglement_lib draws points for DCI); ``images_for(factors)`` gives
 the images at given level indices. Training batches run over the whole grid (less ``val_size``
-held-out points), reshuffled each epoch from ``seed``.
+held-out points), reshuffled each epoch from ``seed``. Validation runs on the held-out points;
+testing on them too, or, with ``val_size = 0``, on ``test_size`` grid points drawn uniformly
+from their own seed (the grid is the population disentanglement is measured on, [S] App. D).
+Neither draws from the training stream's generators, nor from torch's global one.
 
 **Files.** The real files keep their names and layouts:
 
@@ -457,12 +460,12 @@ class _FactorImages(pl.LightningDataModule):
 
     def __init__(self, data_dir: str = "data", path: str | None = None, generate: bool = False,
                  resolution: int = 64, subsample: Subsample = None, batch_size: int = 64, seed: int = 0,
-                 num_workers: int = 0, val_size: int = 0, processes: int | None = None) -> None:
+                 num_workers: int = 0, val_size: int = 0, test_size: int = 1000, processes: int | None = None) -> None:
         super().__init__()
         who = type(self).__name__
         _check_resolution(resolution, who)
         for arg, value, low in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
-                                ("val_size", val_size, 0)):
+                                ("val_size", val_size, 0), ("test_size", test_size, 1)):
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise ValueError(f"{who}: {arg} = {value!r}; allowed: an integer >= {low}")
         if processes is not None:
@@ -480,6 +483,7 @@ class _FactorImages(pl.LightningDataModule):
         self.data_dir, self.path, self.generate = data_dir, path, bool(generate)
         self.resolution, self.batch_size, self.seed = int(resolution), int(batch_size), int(seed)
         self.num_workers, self.val_size, self.processes = int(num_workers), int(val_size), processes
+        self.test_size = int(test_size)
         self._images: Tensor | None = None  # (N, C, H, W) uint8, grid order
         self._strides = torch.tensor([math.prod(self.factor_sizes[k + 1:]) for k in range(len(self.factor_sizes))])
         self._sizes = torch.tensor(self.factor_sizes)
@@ -619,12 +623,24 @@ class _FactorImages(pl.LightningDataModule):
         return ResumableLoader(_Batches(self, self._train_index), sampler=sampler, batch_size=None,
                                num_workers=self.num_workers)
 
+    def _fixed_batches(self, index: Tensor) -> DataLoader:
+        sampler = BatchSampler(SequentialSampler(range(index.numel())), self.batch_size, drop_last=False)
+        # a generator of its own: each iterator draws a base seed, and from the global generator that
+        # would shift what training draws after a validation (the VAE takes its noise from there)
+        return DataLoader(_Batches(self, index), sampler=sampler, batch_size=None, num_workers=self.num_workers,
+                          generator=torch.Generator().manual_seed(self.seed))
+
     def val_dataloader(self) -> DataLoader | list:
         if self.val_size == 0:
             return []  # no validation
-        sampler = BatchSampler(SequentialSampler(range(self.val_size)), self.batch_size, drop_last=False)
-        return DataLoader(_Batches(self, self._val_index), sampler=sampler, batch_size=None,
-                          num_workers=self.num_workers)
+        return self._fixed_batches(self._val_index)
+
+    def test_dataloader(self) -> DataLoader:
+        """The held-out points, or (``val_size = 0``) ``test_size`` grid points drawn with seed ``seed + 3``."""
+        if self.val_size:
+            return self._fixed_batches(self._val_index)
+        g = torch.Generator().manual_seed(self.seed + 3)
+        return self._fixed_batches(torch.randint(self.num_points, (self.test_size,), generator=g))
 
 
 class Shapes3D(_FactorImages):
@@ -644,7 +660,8 @@ class Shapes3D(_FactorImages):
         batch_size: training batch size.
         seed: seed of the shuffling, of the validation split and of ``sample``'s default generator.
         num_workers: DataLoader workers.
-        val_size: grid points held out for validation (a seeded random subset; 0: no validation).
+        val_size: grid points held out for validation and testing (a seeded random subset; 0: no validation).
+        test_size: with ``val_size = 0``, the grid points drawn (seed ``seed + 3``) to test on.
         processes: worker processes for generation (default: all cores).
     """
 

@@ -89,3 +89,39 @@ def test_diverged_member_drops_out_and_the_others_train_on(tmp_path):
 def test_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SparseAutoencoder(**kwargs)
+
+
+class SquaredPenaltySAE(SparseAutoencoder):
+    """A user's variant: the L1 weight applies to the squared activity (an L2 penalty on h)."""
+
+    def member_loss(self, x):
+        h = self.hidden(x)
+        rec = 0.5 * (self.decode(h) - x).pow(2).sum(-1).mean(-1)
+        act = h.pow(2).sum(-1).mean(-1)
+        return {"reconstruction": rec, "l1": act, "loss": rec + self.l1 * act}
+
+
+def test_an_overridden_member_loss_is_what_sgd_minimises(tmp_path):
+    from tests.helpers_vae import short_trainer
+
+    x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
+    kw = dict(d=3, n=5, l1=[0.0, 0.5], init=Imbalance(v=[0.5, 2.0], sigma=0.7), grid=True, lr=0.2, seed=4)
+    net = SquaredPenaltySAE(**kw)
+    W_enc, W_dec = net.W_enc.detach().clone(), net.W_dec.detach().clone()
+    b_enc, b_dec = net.b_enc.detach().clone(), net.b_dec.detach().clone()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 3 steps
+    short_trainer(tmp_path, 3).fit(net, loader)
+    # independent: three plain SGD steps on each member's L2-penalised loss, written out here
+    for e, lam in enumerate([0.0, 0.5, 0.0, 0.5]):
+        p = [t[e].clone().requires_grad_() for t in (W_enc, W_dec, b_enc, b_dec)]
+        for xb in x.split(4):
+            h = torch.relu(xb @ p[0].T + p[2])
+            loss = 0.5 * ((h @ p[1].T + p[3] - xb) ** 2).sum(1).mean() + lam * (h ** 2).sum(1).mean()
+            grads = torch.autograd.grad(loss, p)
+            p = [(t - 0.2 * g).detach().requires_grad_() for t, g in zip(p, grads)]
+        for got, want in zip((net.W_enc, net.W_dec, net.b_enc, net.b_dec), p):
+            torch.testing.assert_close(got[e].detach(), want.detach(), atol=1e-6, rtol=1e-5)
+    # the plain SAE (L1) trains to other weights: the override is what was trained
+    plain = SparseAutoencoder(**kw)
+    short_trainer(tmp_path / "plain", 3).fit(plain, loader)
+    assert not torch.allclose(plain.W_enc[1], net.W_enc[1], atol=1e-5)

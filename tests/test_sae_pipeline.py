@@ -8,7 +8,7 @@ import torch
 from datamodules.latents import Latents
 from datamodules.mnist_images import MNISTImages
 from tests.conftest import quiet_trainer
-from tests.test_mnist_continual import TRAIN_PER_DIGIT, tiny_mnist, trace
+from tests.test_mnist_continual import TEST_PER_DIGIT, TRAIN_PER_DIGIT, tiny_mnist, trace
 from zoo.init import Gaussian, Imbalance
 from zoo.sae import SparseAutoencoder
 from zoo.vae import BetaVAE
@@ -56,6 +56,24 @@ def test_latents_are_the_vae_posterior_means(tiny, one_thread):
     centred = Latents(vae=vae, data_dir=str(tiny), centre=True).codes
     assert torch.allclose(centred.mean(0), torch.zeros(3), atol=1e-6)
     assert torch.allclose(centred + dm.codes.mean(0), dm.codes, atol=1e-6)
+
+
+def test_held_out_data_is_the_other_split_in_file_order(tiny, one_thread):
+    images = MNISTImages(data_dir=str(tiny), batch_size=7)
+    (first,) = next(iter(images.test_dataloader()))
+    digit, index = trace(first.flatten(1))
+    assert torch.equal(index, torch.arange(7))  # file order
+    held = torch.cat([b[0] for b in images.val_dataloader()])
+    assert held.shape == (10 * TEST_PER_DIGIT, 1, 28, 28)
+    assert not torch.equal(held[:7], images.images[:7])  # not the training split
+    vae = _vae()
+    dm = Latents(vae=vae, data_dir=str(tiny), centre=True, batch_size=8)
+    codes = torch.cat([b[0] for b in dm.test_dataloader()])
+    with torch.no_grad():  # independent: the test images' means, less the TRAINING codes' mean
+        train_mean = vae.encoder(images.images.flatten(1))[:, :3].mean(0)
+        expected = vae.encoder(held.flatten(1))[:, :3] - train_mean
+    assert torch.allclose(codes, expected, atol=1e-6)
+    assert float(codes.mean(0).abs().max()) > 1e-4  # centred with the training mean, not their own
 
 
 def test_latents_from_a_checkpoint_equal_those_of_the_saved_model(tiny, tmp_path, one_thread):
@@ -107,8 +125,12 @@ def test_sae_trains_on_the_codes_and_reconstructs_them(tiny, tmp_path, one_threa
     # must reconstruct its inputs far better than their mean (explained variance from 0 to > 0.9).
     dm = Latents(vae=_vae(), data_dir=str(tiny), batch_size=10, centre=True)
     net = SparseAutoencoder(d=3, n=32, l1=[0.0, 0.0], init=Imbalance(v=[1.0, 4.0], sigma=0.3), lr=0.2)
-    trainer = quiet_trainer(tmp_path, [], logger=False)
-    trainer.fit_loop.max_epochs = 60  # 360 SGD steps on 60 codes, ~1 s
+    import lightning.pytorch as pl
+
+    # 360 SGD steps on 60 codes, ~1 s; no validation (tested below)
+    trainer = pl.Trainer(max_epochs=60, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         default_root_dir=tmp_path)
     from zoo.metrics.sparsity import sparsity
 
     trainer.fit(net, dm)

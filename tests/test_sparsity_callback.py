@@ -8,7 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks.sparsity import Sparsity, firing_counts
+from callbacks.sparsity import Sparsity
 from tests.conftest import quiet_trainer
 from zoo.init import Imbalance
 from zoo.metrics.sparsity import sparsity
@@ -36,21 +36,24 @@ def _net(**kw) -> SparseAutoencoder:
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.05])
-def test_chunked_counts_equal_the_metric_on_the_whole_matrix(threshold, one_thread):
+def test_chunked_measures_equal_the_metric_on_the_whole_matrix(threshold, one_thread, monkeypatch):
+    monkeypatch.setattr("zoo.sae.CHUNK", 7)  # 7 does not divide 50: a ragged last chunk
     net = _net()
     with torch.no_grad():  # biases of both signs, so some units are dead or dense
         net.b_enc.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
     x = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
-    counts, ev = firing_counts(net, x, threshold, chunk=7)  # 7 does not divide 50: a ragged last chunk
+    out = net.measure(x, threshold, dense_threshold=0.4)  # SparseAutoencoder.measure feeds the Metrics by chunks
     with torch.no_grad():
         H, xh = net.hidden(x), net(x)
     for e in range(net.ensemble):
         # the metric's own definition, on the activity shifted by the threshold (H > t <=> H - t > 0)
-        ref = sparsity(H[e] - threshold, x, xh[e])
-        got = counts[e].double()
-        assert float(got.mean()) == pytest.approx(ref["eq31"], abs=1e-12)  # integer counts: exact
-        assert float(got.sum() / 50) == pytest.approx(ref["l0"], abs=1e-12)
-        assert float(ev[e]) == pytest.approx(ref["explained_variance"], rel=1e-5)  # float32 sums over 50 x 4
+        ref = sparsity(H[e] - threshold, x, xh[e], dense_threshold=0.4)
+        for key in ("eq31", "l0", "dead_fraction", "dense_fraction"):
+            assert float(out[key][e]) == pytest.approx(ref[key], abs=1e-12)  # integer counts: exact
+        torch.testing.assert_close(out["density"][e], ref["density"])
+        assert float(out["explained_variance"][e]) == pytest.approx(ref["explained_variance"], rel=1e-5)  # float32 x_hat
+        assert float(out["mse"][e]) == pytest.approx(float((xh[e] - x).pow(2).mean()), rel=1e-5)
+    assert 0 < float(out["dead_fraction"].max()) and 0 < float(out["dense_fraction"].max())  # not vacuous
 
 
 def test_bias_free_units_fire_on_exactly_half_of_symmetric_data(one_thread):
@@ -60,8 +63,8 @@ def test_bias_free_units_fire_on_exactly_half_of_symmetric_data(one_thread):
     half = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
     x = torch.cat([half, -half])
     net = SparseAutoencoder(d=4, n=16, init=Imbalance(v=[0.125, 1.0, 8.0], sigma=1e-3), bias=False)
-    counts, _ = firing_counts(net, x)
-    assert counts.eq(40).all()
+    out = net.measure(x)
+    assert out["eq31"].eq(40).all() and out["density"].eq(0.5).all() and out["l0"].eq(8).all()
 
 
 def test_callback_logs_every_member_histograms_and_the_figure(tmp_path, one_thread):
@@ -74,7 +77,7 @@ def test_callback_logs_every_member_histograms_and_the_figure(tmp_path, one_thre
     acc.Reload()
     tags = acc.Tags()
     for lbl in net.labels:
-        for key in ("eq31", "l0", "dead_fraction", "dense_fraction", "explained_variance"):
+        for key in ("eq31", "l0", "dead_fraction", "dense_fraction", "mse", "explained_variance"):
             assert {ev.step for ev in acc.Scalars(f"sparsity/{key}/{lbl}")} == {0, 2, 4}
         assert f"sparsity/density/{lbl}" in tags["histograms"]
     # the last value logged is the measure of the trained net on the first 32 points, recomputed here

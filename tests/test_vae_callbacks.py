@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure, image_grid
-from tests.test_vae import TinySquares, short_trainer
+from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
+from tests.helpers_vae import TinySquares, short_trainer
 from zoo.init import Gain
-from zoo.metrics.dci import DCISetting, dci_on_grid
+from zoo.metrics.dci import dci
 from zoo.vae import BetaVAE, BetaVAESweep, bernoulli_reconstruction
 
 SMALL = dict(latent_dim=3, encoder_widths=[16, 12, 8, 6], decoder_widths=[6, 8, 12, 16], lr=1e-2)
@@ -29,6 +29,17 @@ def events(trainer) -> EventAccumulator:
 
 def image(acc: EventAccumulator, tag: str, i: int = -1) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(acc.Images(tag)[i].encoded_image_string)).convert("RGB"))
+
+
+def tiled(images: torch.Tensor, rows: int) -> np.ndarray:
+    """The expected grid, built by hand: (H, W, 3) with white 1-pixel gaps, row-major."""
+    n, C, H, W = images.shape
+    cols = -(-n // rows)
+    grid = torch.ones(3, rows * (H + 1) + 1, cols * (W + 1) + 1)
+    for k in range(n):
+        r, c = divmod(k, cols)
+        grid[:, 1 + r * (H + 1): 1 + r * (H + 1) + H, 1 + c * (W + 1): 1 + c * (W + 1) + W] = images[k].clamp(0, 1)
+    return grid.permute(1, 2, 0).numpy()
 
 
 class OracleVAE(BetaVAE):
@@ -50,7 +61,11 @@ def test_dci_fires_when_due_and_equals_a_direct_computation(tmp_path):
     acc = events(trainer)
     assert [e.step for e in acc.Scalars("dci/disentanglement")] == [2, 4]  # not at start, every 2 steps
     assert [e.step for e in acc.Scalars("dci_final/completeness")] == [5]
-    direct = dci_on_grid(vae.codes, dm.sample, DCISetting(200, 100, 5), random_state=0)
+    # what the callback computed before it used DCIMetric: all training points, then all test points,
+    # drawn from one generator seeded with random_state, encoded at once, scored by the pure function
+    g = torch.Generator().manual_seed(0)
+    (x_tr, f_tr), (x_te, f_te) = dm.sample(200, g), dm.sample(100, g)
+    direct = dci(vae.codes(x_tr), f_tr, vae.codes(x_te), f_te, random_state=0, n_estimators=5)
     for key in ("disentanglement", "completeness", "informativeness_test_acc", "informativeness_train_acc"):
         assert acc.Scalars(f"dci_final/{key}")[-1].value == pytest.approx(direct[key], abs=1e-6)
         assert 0.0 <= direct[key] <= 1.0
@@ -98,7 +113,7 @@ def test_latent_traversals_decode_one_latent_at_a_time(tmp_path):
             z = mu.repeat(5, 1)
             z[:, i] = torch.linspace(-2, 2, 5)
             rows.append(torch.sigmoid(vae.decode(z)))
-    expected = image_grid(torch.cat(rows), rows=3).permute(1, 2, 0).numpy()
+    expected = tiled(torch.cat(rows), rows=3)
     assert got.shape == (3 * 9 + 1, 5 * 9 + 1, 3)  # 8x8 images with 1-pixel gaps
     assert np.abs(got - expected).max() <= 1 / 255 + 1e-6  # PNG quantisation to 8 bits
     assert (tmp_path / "tb" / "version_0" / "traversals.png").read_bytes() == b"a user's file"
@@ -115,7 +130,7 @@ def test_reconstructions_show_inputs_above_outputs(tmp_path):
     x, _ = dm.sample(4, torch.Generator().manual_seed(5))
     with torch.no_grad():
         recon = torch.sigmoid(vae.decode(vae.encode(x)[0]))
-    expected = image_grid(torch.cat([x, recon]), rows=2).permute(1, 2, 0).numpy()
+    expected = tiled(torch.cat([x, recon]), rows=2)
     assert np.abs(got - expected).max() <= 1 / 255 + 1e-6
 
 
@@ -125,7 +140,7 @@ def test_sweep_figure_writes_png_and_table_from_the_dci_callback(tmp_path):
     dci_cb = DCI(every_n_steps=100, final="fast", **TINY_DCI)
     fig = SweepFigure(n_points=64, seed=3)
     trainer = short_trainer(tmp_path, 3, [dci_cb, fig,
-                                          LatentTraversals(every_n_steps=100, members=["g=0.5,seed=0"])])
+                                          LatentTraversals(every_n_steps=100, members=[{"g": 0.5, "seed": 0}])])
     trainer.fit(sweep, datamodule=dm)
     folder = tmp_path / "tb" / "version_0"
     assert (folder / "fig4_gain_dci.png").stat().st_size > 10_000
@@ -152,6 +167,6 @@ def test_sweep_figure_needs_a_dci_callback_and_a_sweep(tmp_path):
     trainer = short_trainer(tmp_path / "b", 1, [DCI(final="fast", **TINY_DCI), SweepFigure()])
     with pytest.raises(TypeError, match="BetaVAESweep"):
         trainer.fit(BetaVAE(**SMALL), datamodule=TinySquares())
-    trainer = short_trainer(tmp_path / "c", 1, [LatentTraversals(members=["g=9,seed=0"])])
-    with pytest.raises(ValueError, match="g=9,seed=0"):
+    trainer = short_trainer(tmp_path / "c", 1, [LatentTraversals(members=[{"g": 9, "seed": 0}])])
+    with pytest.raises(ValueError, match="no member has .*'g': 9"):
         trainer.fit(BetaVAESweep(init_encoder=Gain(g=[1.0, 2.0]), seeds=[0], **SMALL), datamodule=TinySquares())

@@ -10,6 +10,15 @@ flow from the initial imbalance; Adam rescales every step and forgets the initia
 **Ensemble.** ``E`` members train in one fit on the same batches as batched tensor ops: the
 init's list parameters (e.g. ``v: [0.25, 1, 4]``) and a list of ``l1`` zipped, or with
 ``grid: true`` their Cartesian product, so SAE and iSAE over a range of ``v`` is one run.
+``member_params[e]`` holds member e's list-valued init parameters, its ``l1`` and the seed; its
+label (``v=4,l1=0``) names those that vary (``zoo.labels.member_labels``).
+
+**Evaluation.** ``validation_step`` / ``test_step`` feed torchmetrics ``Metric``s (they reduce
+over batches and devices): the firing counts of every unit ([S] Eq. 30-31, ``eq31``, ``l0``,
+``dead_fraction``, ``dense_fraction``: ``zoo.metrics.sparsity.FiringCounts``) and the
+reconstruction's ``mse`` and ``explained_variance`` (``zoo.metrics.reconstruction``); logged as
+``<stage>/<measure>`` (mean over the surviving members) and ``<stage>/<measure>/<label>``.
+:meth:`measure` gives the same measures for a tensor of data (``callbacks.sparsity``).
 """
 from __future__ import annotations
 
@@ -25,9 +34,19 @@ from zoo.divergence import check_finite, drop_diverged
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Imbalance, InitScheme, from_spec
 from zoo.ensemble import grid_product
+from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.metrics.reconstruction import Reconstruction
+from zoo.metrics.sparsity import FiringCounts
+from zoo.evaluation import StagedEvaluation
+from zoo.progress import Progress
+
+MEASURES = ("eq31", "l0", "dead_fraction", "dense_fraction", "mse", "explained_variance")
+"""What :meth:`SparseAutoencoder.measure` and the evaluation steps report per member."""
+CHUNK = 1024
+"""Data points per forward pass of :meth:`SparseAutoencoder.measure` (bounds memory; results do not depend on it)."""
 
 
-class SparseAutoencoder(pl.LightningModule):
+class SparseAutoencoder(StagedEvaluation, Progress, pl.LightningModule):
     """A one-hidden-layer ReLU autoencoder with an optional L1 penalty on its hidden activity.
 
     Args:
@@ -94,10 +113,13 @@ class SparseAutoencoder(pl.LightningModule):
         self.b_dec = nn.Parameter(torch.zeros(E, 1, self.d), requires_grad=bias)
         self.on_divergence = on_divergence
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool))  # in checkpoints: a resumed run keeps its drop-outs
+        self.init_progress()
         varying = {k: v for k, v in scheme.params.items() if len(v) > 1}
-        self.labels = [",".join([f"{k}={vals[e]:.4g}" for k, vals in varying.items()]
-                                + ([f"l1={float(self.l1[e]):g}"] if len(set(l1s)) > 1 else [])) or f"member{e}"
-                       for e in range(E)]
+        self.member_params = [{**{k: vals[e] for k, vals in varying.items()}, "l1": float(self.l1[e]), "seed": int(seed)}
+                              for e in range(E)]
+        self.labels = member_labels(self.member_params)
+        self.eval_metrics = nn.ModuleDict({stage: nn.ModuleList([FiringCounts(E, self.n), Reconstruction(E)])
+                                           for stage in ("val", "test")})
 
     @property
     def ensemble(self) -> int:
@@ -131,10 +153,54 @@ class SparseAutoencoder(pl.LightningModule):
             return batch["x"]
         return batch[0] if isinstance(batch, (tuple, list)) else batch
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
+    def _vectors(self, batch) -> Tensor:
         x = self.inputs(batch)
         if x.dim() != 2 or x.shape[1] != self.d:
             raise ValueError(f"{type(self).__name__}: batches must be (B, d = {self.d}); got {tuple(x.shape)}")
+        return x
+
+    @torch.no_grad()
+    def _update(self, x: Tensor, counts: FiringCounts, reconstruction: Reconstruction) -> None:
+        h = self.hidden(x)
+        counts.update(h)
+        reconstruction.update(x, self.decode(h))
+
+    def _measures(self, counts: FiringCounts, reconstruction: Reconstruction) -> dict[str, Tensor]:
+        # torchmetrics squeezes a one-element result: one member's measures keep their member axis
+        return {k: v.reshape(self.ensemble, -1).squeeze(1) for k, v in {**counts.compute(),
+                                                                         **reconstruction.compute()}.items()}
+
+    @torch.no_grad()
+    def measure(self, x: Tensor, threshold: float = 0.0, dense_threshold: float = 0.5) -> dict[str, Tensor]:
+        """[S] Eq. 31 and the usual SAE measures of every member on data x (N, d), computed
+        ``CHUNK`` rows at a time: tensors (E,) named in ``MEASURES``, and ``density`` (E, n).
+        A unit is active where ``H > threshold`` ([S] Eq. 30: 0). Local: nothing is synchronised."""
+        x = x.to(self.W_enc.device, self.W_enc.dtype)
+        counts = FiringCounts(self.ensemble, self.n, threshold, dense_threshold, sync_on_compute=False).to(x.device)
+        reconstruction = Reconstruction(self.ensemble, sync_on_compute=False).to(x.device)
+        for i in range(0, x.shape[0], CHUNK):
+            self._update(x[i:i + CHUNK], counts, reconstruction)
+        return self._measures(counts, reconstruction)
+
+    def evaluate_batch(self, batch, stage: str) -> None:
+        self._update(self._vectors(batch), *self.eval_metrics[stage])
+
+    def log_evaluation(self, stage: str) -> None:
+        counts, reconstruction = self.eval_metrics[stage]
+        if counts.update_count:
+            out, alive = self._measures(counts, reconstruction), self.alive
+            for name in MEASURES:
+                values = out[name].float()
+                self.log(f"{stage}/{name}", values[alive].mean())
+                if self.ensemble <= MAX_MEMBER_TAGS:
+                    self.log_dict({f"{stage}/{name}/{lbl}": v for lbl, v, a in zip(self.labels, values, alive) if a})
+        counts.reset()
+        reconstruction.reset()
+
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        x = self._vectors(batch)
+        self.count_samples(x.shape[0])
         parts = self.member_loss(x)
         hint = f"lr = {self.lr} is probably too large; try lr / 10."
         if self.on_divergence == "stop":

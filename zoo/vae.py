@@ -42,6 +42,12 @@ scheme and per seed, e.g. ``Gain(g=[0.3, 1, 3])`` x seeds ``[0, 1, 2, 3]``) side
 same batches, so a whole figure is one ``lightning fit``. One Adam over all their parameters is
 the same as one Adam per model: Adam's update of a parameter depends only on that parameter's
 own gradients, and each member's gradient is that of its own loss (the total is their sum).
+Its ``member_params`` (list-valued init parameters and seed of each member) name the members.
+
+**Evaluation**: ``validation_step`` / ``test_step`` score the posterior means (no noise drawn) on
+the datamodule's held-out batches: Bernoulli reconstruction, KL, and the pixel probabilities'
+MSE and explained variance (``zoo.metrics.reconstruction``), so ``lightning test --config R
+--ckpt_path C`` prints them. ``samples_seen`` counts the training images (``zoo.progress``).
 """
 from __future__ import annotations
 
@@ -58,6 +64,10 @@ from torch.nn import functional as F
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
+from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.metrics.reconstruction import Reconstruction
+from zoo.evaluation import StagedEvaluation
+from zoo.progress import Progress
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
 """Hidden widths of the encoder body (disentanglement-pytorch's deep fully connected encoder)."""
@@ -65,8 +75,6 @@ DECODER_WIDTHS = [100, 200, 400, 1000]
 """Hidden widths of the decoder (its mirror image)."""
 ACTIVE_THRESHOLD = 0.01
 """A latent is active when Var_batch(mu) exceeds this (see the module docstring)."""
-MAX_MEMBER_TAGS = 32
-"""Sweeps up to this size log one curve per member; larger ones log the mean only."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -162,6 +170,11 @@ class _OwnNoise:
         checkpoint[NOISE_KEY] = self._noise_models()[0].noise().get_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # a model saved before samples_seen existed (e.g. phase 1 of fig13 for Latents) still loads, counting from 0
+        state = checkpoint.get("state_dict", {})
+        for key, value in self.state_dict().items():
+            if key.endswith("samples_seen_"):
+                state.setdefault(key, torch.zeros_like(value))
         if NOISE_KEY in checkpoint:
             g = torch.Generator()
             g.set_state(checkpoint[NOISE_KEY])
@@ -169,10 +182,47 @@ class _OwnNoise:
             self._noise_restored = True
 
 
+class _Evaluation(StagedEvaluation, Progress):
+    """``validation_step`` / ``test_step`` of the module's VAEs (``_noise_models()``, labels
+    ``labels``) on the datamodule's held-out batches ``(x, ...)``: from the posterior means, so
+    no noise is drawn and the training stream is untouched. Logs ``<stage>/reconstruction`` (the
+    Bernoulli loss, summed over pixels), ``<stage>/kl``, and ``<stage>/mse`` and
+    ``<stage>/explained_variance`` of the pixel probabilities (``zoo.metrics.reconstruction``, a
+    torchmetrics ``Metric``: it reduces over batches and devices); means over the members, and
+    per member (``.../<label>``) for a sweep of up to ``MAX_MEMBER_TAGS``."""
+
+    labels: list[str]
+
+    def init_evaluation(self, members: int) -> None:
+        self.init_progress()
+        self.eval_metrics = nn.ModuleDict({"val": Reconstruction(members), "test": Reconstruction(members)})
+
+    def _per_member(self, stage: str, name: str, values: Tensor, **kw) -> None:
+        self.log(f"{stage}/{name}", values.mean(), sync_dist=True, **kw)
+        if 1 < len(values) <= MAX_MEMBER_TAGS:
+            for label, v in zip(self.labels, values):
+                self.log(f"{stage}/{name}/{label}", v, sync_dist=True, **kw)
+
+    def evaluate_batch(self, batch, stage: str) -> None:
+        x = batch[0]
+        outs = [m.evaluate(x) for m in self._noise_models()]
+        self.eval_metrics[stage].update(x, torch.stack([o["x_hat"] for o in outs]))
+        for name in ("reconstruction", "kl"):
+            self._per_member(stage, name, torch.stack([o[name].mean() for o in outs]), on_epoch=True,
+                             batch_size=x.shape[0])
+
+    def log_evaluation(self, stage: str) -> None:
+        metric = self.eval_metrics[stage]
+        if metric.update_count:
+            for name, values in metric.compute().items():
+                self._per_member(stage, name, values.float().reshape(-1))  # torchmetrics squeezes one member's
+        metric.reset()
+
+
 # ------------------------------------------------------------------------------------------------
 # the model
 # ------------------------------------------------------------------------------------------------
-class BetaVAE(_OwnNoise, pl.LightningModule):
+class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
     """A beta-VAE with deep fully connected encoder and decoder ([S] Sec. 3.2, App. D).
 
     Args:
@@ -221,6 +271,8 @@ class BetaVAE(_OwnNoise, pl.LightningModule):
                     "use zoo.vae.BetaVAESweep to train one model per value"
                 )
         self.beta, self.lr, self.seed = float(beta), float(lr), int(seed)
+        self.labels = [""]
+        self.init_evaluation(1)
         save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in self.schemes.items()})
         self.image_shape: list[int] | None = None
         self.noise_generator: torch.Generator | None = None  # see the module docstring
@@ -301,6 +353,31 @@ class BetaVAE(_OwnNoise, pl.LightningModule):
         """Reconstruction logits of x from the posterior means (no sampling)."""
         return self.decode(self.codes(x))
 
+    @torch.no_grad()
+    def evaluate(self, x: Tensor) -> dict[str, Tensor]:
+        """Per image, from the posterior means (no noise drawn): ``reconstruction`` (Bernoulli loss
+        summed over pixels, (B,)), ``kl`` (summed over latents, (B,)) and ``x_hat`` (the pixel
+        probabilities, like x)."""
+        mu, logvar = self.encode(x)
+        logits = self.decode(mu)
+        return {"reconstruction": bernoulli_reconstruction(logits, x.to(mu.dtype)),
+                "kl": gaussian_kl(mu, logvar).sum(-1), "x_hat": torch.sigmoid(logits)}
+
+    @torch.no_grad()
+    def traversal(self, x: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """[S] Fig. 4c: from the posterior mean of one image x (1, C, H, W), each latent in turn set
+        to every entry of ``values`` (S,), the others kept. Returns the decoded pixel probabilities
+        (L * S, C, H, W), one row of S per latent in the order of their KL on x (largest first), that
+        order (L,) and those KLs (L,)."""
+        mu, logvar = self.encode(x)
+        kl = gaussian_kl(mu, logvar)[0]
+        order = torch.argsort(kl, descending=True)
+        S = len(values)
+        z = mu.repeat(len(order) * S, 1)
+        rows = torch.arange(len(order) * S, device=z.device)
+        z[rows, order.repeat_interleave(S)] = values.to(z).repeat(len(order))
+        return torch.sigmoid(self.decode(z)), order, kl[order]
+
     def regulariser(self, mu: Tensor, logvar: Tensor, z: Tensor, step: int) -> Tensor:
         """The term added to the reconstruction loss, a scalar: ``beta`` times the batch-mean KL.
 
@@ -323,6 +400,7 @@ class BetaVAE(_OwnNoise, pl.LightningModule):
     # -- training -----------------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]
+        self.count_samples(x.shape[0])
         out = self.losses(x, self.global_step)
         check_finite(out["loss"].detach().view(1), step=self.global_step, labels=[type(self).__name__],
                      hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
@@ -339,11 +417,13 @@ class BetaVAE(_OwnNoise, pl.LightningModule):
 # ------------------------------------------------------------------------------------------------
 # a sweep of independent models in one fit
 # ------------------------------------------------------------------------------------------------
-class BetaVAESweep(_OwnNoise, pl.LightningModule):
+class BetaVAESweep(_OwnNoise, _Evaluation, pl.LightningModule):
     """Independent beta-VAEs trained side by side on the same batches: one per (init member, seed).
 
     ``init_encoder: Gain(g=[0.3, 1, 3])`` with ``seeds: [0, 1, 2, 3]`` gives 12 models, member
-    ``i * len(seeds) + j`` with gain ``g[i]`` and seed ``seeds[j]``, labelled ``g=0.3,seed=0``. The
+    ``i * len(seeds) + j`` with gain ``g[i]`` and seed ``seeds[j]``: ``member_params[k]`` is that
+    member's list-valued init parameters and seed (``{"g": 0.3, "seed": 0}``), its label the
+    ones that vary (``zoo.labels.member_labels``: ``g=0.3,seed=0``). The
     total loss is the sum of the members' losses, so each member gets exactly its own gradient,
     and one Adam over all parameters equals one Adam per model (Adam is per parameter). Only the
     data order and the reparameterisation noise are shared structure; [S] App. D varies the data
@@ -359,16 +439,16 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
 
     member_class: ClassVar[type[BetaVAE]] = BetaVAE
 
-    def __init__(
+    def __init__(  # what is swept first
         self,
+        init_encoder: InitScheme = lazy_instance(Gain, g=[0.3, 1.0, 3.0]),
+        init_decoder: InitScheme = lazy_instance(Xavier, gain=1.0),
+        seeds: list[int] = [0, 1, 2, 3],
         latent_dim: int = 10,
         beta: float = 1.0,
         lr: float = 1e-4,
         encoder_widths: list[int] = ENCODER_WIDTHS,
         decoder_widths: list[int] = DECODER_WIDTHS,
-        init_encoder: InitScheme = lazy_instance(Gain, g=[0.3, 1.0, 3.0]),
-        init_decoder: InitScheme = lazy_instance(Xavier, gain=1.0),
-        seeds: list[int] = [0, 1, 2, 3],
         image_shape: list[int] | None = None,
     ) -> None:
         super().__init__()
@@ -385,8 +465,8 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
                              "give list parameters of one length (or scalars)")
         save_own_hyperparameters(self, init_encoder=enc.spec(), init_decoder=dec.spec())
         self.lr = float(lr)
-        labels = self._init_labels(enc, dec, n_init)
-        members, self.labels, self.member_params = [], [], []
+        self.member_params: list[dict] = []
+        members = []
         for i in range(n_init):
             for s in seeds:
                 members.append(self.member_class(
@@ -394,26 +474,34 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
                     decoder_widths=decoder_widths, init_encoder=enc.member(i) if enc.ensemble_size > 1 else enc,
                     init_decoder=dec.member(i) if dec.ensemble_size > 1 else dec, image_shape=image_shape,
                     seed=int(s)))
-                self.labels.append(f"{labels[i]},seed={s}" if labels[i] else f"seed={s}")
-                params = {k: v[0] for k, v in (enc.member(i) if enc.ensemble_size > 1 else enc).params.items()}
-                self.member_params.append({**params, "seed": int(s)})
+                self.member_params.append({**self._varying(enc, dec, i), "seed": int(s)})
         self.members = nn.ModuleList(members)
+        self.labels = member_labels(self.member_params)
+        self.init_evaluation(len(members))
 
     @staticmethod
-    def _init_labels(enc: InitScheme, dec: InitScheme, n: int) -> list[str]:
-        parts = [[] for _ in range(n)]
-        for prefix, scheme in (("", enc), ("dec_", dec)):
-            for k, v in scheme.params.items():
-                if len(v) > 1:
-                    for i in range(n):
-                        parts[i].append(f"{prefix}{k}={v[i]:g}")
-        return [",".join(p) for p in parts]
+    def _varying(enc: InitScheme, dec: InitScheme, i: int) -> dict[str, float]:
+        """Init member i's list-valued parameters (the decoder's prefixed ``dec_``)."""
+        return {prefix + k: v[i] for prefix, scheme in (("", enc), ("dec_", dec))
+                for k, v in scheme.params.items() if len(v) > 1}
 
     def __len__(self) -> int:
         return len(self.members)
 
     def _noise_models(self) -> list[BetaVAE]:
         return list(self.members)
+
+    def select(self, where: Sequence[dict] | None = None) -> list[tuple[str, BetaVAE]]:
+        """``(label, model)`` of the members whose ``member_params`` contain one of the dicts in
+        ``where`` (e.g. ``[{"g": 0.3, "seed": 0}]``), in member order; all of them for None."""
+        def has(params: dict, w: dict) -> bool:
+            return all(params.get(k) == v for k, v in w.items())
+
+        unmatched = [w for w in where or [] if not any(has(p, w) for p in self.member_params)]
+        if unmatched:
+            raise ValueError(f"{type(self).__name__}: no member has {unmatched}; members: {self.member_params}")
+        return [(lbl, m) for lbl, m, p in zip(self.labels, self.members, self.member_params)
+                if not where or any(has(p, w) for w in where)]
 
     def member(self, label: str) -> BetaVAE:
         """The member with this label (e.g. ``g=0.3,seed=0``)."""
@@ -429,6 +517,7 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]
+        self.count_samples(x.shape[0])
         outs = [m.losses(x, self.global_step) for m in self.members]
         losses = torch.stack([o["loss"] for o in outs])
         check_finite(losses.detach(), step=self.global_step, labels=self.labels,
@@ -447,10 +536,14 @@ class BetaVAESweep(_OwnNoise, pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
-def vae_members(module: nn.Module) -> list[tuple[str, BetaVAE]]:
-    """``(label, model)`` for every VAE in ``module``: the members of a sweep, or the module itself."""
-    if isinstance(module, BetaVAESweep) or (hasattr(module, "members") and hasattr(module, "labels")):
-        return list(zip(module.labels, module.members))
+def vae_members(module: nn.Module, where: Sequence[dict] | None = None) -> list[tuple[str, BetaVAE]]:
+    """``(label, model)`` for every VAE in ``module``: the members of a sweep (those matching
+    ``where``, see :meth:`BetaVAESweep.select`), or the module itself (label "")."""
+    if callable(getattr(module, "select", None)):
+        return module.select(where)
+    if where:
+        raise ValueError(f"members = {list(where)} selects members of a BetaVAESweep; the module is one "
+                         f"{type(module).__name__}")
     return [("", module)]
 
 

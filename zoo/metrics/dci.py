@@ -34,7 +34,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 __all__ = ["DCIMetric", "DCISetting", "DCI_SETTINGS", "dci", "dci_from_importance", "dci_on_grid",
-           "importance_matrix"]
+           "importance_matrix", "setting_with", "update_on_grid"]
 
 ArrayLike = Tensor | np.ndarray
 _EPS = 1e-11  # disentanglement_lib's offset inside the entropies
@@ -159,6 +159,20 @@ def dci(codes_train: ArrayLike, factors_train: ArrayLike, codes_test: ArrayLike,
             "informativeness_train_acc": float(acc_train.mean()), "importance": R}
 
 
+def setting_with(name: str, n_train: int | None = None, n_test: int | None = None,
+                 n_estimators: int | None = None, who: str = "dci") -> DCISetting:
+    """The setting ``name`` of ``DCI_SETTINGS`` with the numbers given instead of its own; a
+    clear error naming the argument for a bad one."""
+    if name not in DCI_SETTINGS:
+        raise ValueError(f"{who}: setting = {name!r}; allowed: {', '.join(sorted(DCI_SETTINGS))}")
+    for arg, value in (("n_train", n_train), ("n_test", n_test), ("n_estimators", n_estimators)):
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1 + (arg == "n_train")):
+            raise ValueError(f"{who}: {arg} = {value!r}; allowed: a positive integer (n_train >= 2) or null")
+    s = DCI_SETTINGS[name]
+    return DCISetting(n_train=int(n_train or s.n_train), n_test=int(n_test or s.n_test),
+                      n_estimators=int(n_estimators or s.n_estimators))
+
+
 def _setting(setting: Literal["full", "fast"] | DCISetting) -> DCISetting:
     if isinstance(setting, DCISetting):
         return setting
@@ -180,13 +194,22 @@ def dci_on_grid(encode: Callable[[Tensor], Tensor],
     ``RandomState``); encoding runs ``batch_size`` images at a time.
     """
     s = _setting(setting)
+    metric = DCIMetric(random_state=random_state, n_estimators=s.n_estimators, n_jobs=n_jobs, sync_on_compute=False)
+    update_on_grid(metric, encode, sample, s, random_state=random_state, batch_size=batch_size)
+    return metric.compute()
+
+
+@torch.no_grad()
+def update_on_grid(metric: "DCIMetric", encode: Callable[[Tensor], Tensor],
+                   sample: Callable[[int, torch.Generator], tuple[Tensor, Tensor]], setting: DCISetting, *,
+                   random_state: int = 0, batch_size: int = 500) -> None:
+    """Feed ``metric`` the codes and factors of ``setting.n_train`` then ``setting.n_test`` grid
+    points, drawn from one generator seeded with ``random_state`` (see :func:`dci_on_grid`)."""
     g = torch.Generator().manual_seed(int(random_state))
-    parts = []
-    for n in (s.n_train, s.n_test):
+    for split, n in (("train", setting.n_train), ("test", setting.n_test)):
         x, f = sample(n, g)
-        codes = torch.cat([encode(x[i:i + batch_size]).detach().float().cpu() for i in range(0, n, batch_size)])
-        parts += [codes, f]
-    return dci(*parts, random_state=random_state, n_estimators=s.n_estimators, n_jobs=n_jobs)
+        for i in range(0, n, batch_size):
+            metric.update(encode(x[i:i + batch_size]).detach().float().cpu(), f[i:i + batch_size], split)
 
 
 class DCIMetric(Metric):
@@ -194,14 +217,16 @@ class DCIMetric(Metric):
 
     ``update(codes, factors, split="train" | "test")``: the two sets are kept apart; ``compute()``
     returns ``dci``'s dictionary (``DCI_SETTINGS[...].n_estimators`` gives the boosting rounds of a
-    setting). Under DDP every process computes the same result from the gathered points.
+    setting). Under DDP every process computes the same result from the gathered points;
+    ``sync_on_compute=False`` keeps to the points of this process (for one drawn on rank 0 only).
     """
 
     full_state_update = False
     higher_is_better = True
 
-    def __init__(self, random_state: int = 0, n_estimators: int = 100, n_jobs: int = 1) -> None:
-        super().__init__()
+    def __init__(self, random_state: int = 0, n_estimators: int = 100, n_jobs: int = 1,
+                 sync_on_compute: bool = True) -> None:
+        super().__init__(sync_on_compute=sync_on_compute)
         self.random_state, self.n_estimators, self.n_jobs = int(random_state), int(n_estimators), int(n_jobs)
         for name in ("codes_train", "factors_train", "codes_test", "factors_test"):
             self.add_state(name, default=[], dist_reduce_fx="cat")

@@ -14,10 +14,15 @@ point when ``H > 0`` ([S] Eq. 30; ReLU units).
 * ``explained_variance`` (when the reconstruction is given): ``1 - sum |x - x_hat|^2 / sum |x -
   mean(x)|^2`` over the window, the fraction of the data's variance about its mean that the
   reconstruction recovers (1 = perfect, 0 = no better than the mean).
+
+``FiringCounts`` (a ``torchmetrics.Metric``) accumulates the counts behind these measures over
+batches and devices; ``zoo.metrics.reconstruction.Reconstruction`` the explained variance.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+from torchmetrics import Metric
 
 
 def from_counts(per_unit: Tensor, N: int, dense_threshold: float = 0.5) -> dict[str, Tensor]:
@@ -58,3 +63,29 @@ def sparsity(H: Tensor, x: Tensor | None = None, x_hat: Tensor | None = None,
         total = (x - x.mean(0)).pow(2).sum()
         out["explained_variance"] = float(1 - (x - x_hat).pow(2).sum() / total) if total > 0 else float("nan")
     return out
+
+
+class FiringCounts(Metric):
+    """Per member, how many data points activate each unit (``H > threshold``, [S] Eq. 30), summed
+    over batches and devices; ``compute()`` gives :func:`from_counts`'s measures (``eq31`` ...).
+
+    ``update(H (E, B, n) or (B, n))``; ``threshold = 0`` is [S] Eq. 30.
+    """
+
+    full_state_update = False
+
+    def __init__(self, members: int, units: int, threshold: float = 0.0, dense_threshold: float = 0.5,
+                 sync_on_compute: bool = True) -> None:
+        super().__init__(sync_on_compute=sync_on_compute)
+        self.members, self.units = int(members), int(units)
+        self.threshold, self.dense_threshold = float(threshold), float(dense_threshold)
+        self.add_state("counts", default=torch.zeros(self.members, self.units, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("N", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, H: Tensor) -> None:
+        H = H.detach().reshape(self.members, -1, self.units)
+        self.counts += (H > self.threshold).sum(1)
+        self.N += H.shape[1]
+
+    def compute(self) -> dict[str, Tensor]:
+        return from_counts(self.counts, int(self.N), self.dense_threshold)
