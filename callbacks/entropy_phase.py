@@ -94,11 +94,11 @@ class EntropyPhaseDiagram(PeriodicCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from zoo.theory.meanfield import ACTIVATIONS, ode_caveats
 
+        self.need(pl_module, "entropies", "task_errors", *(("mean_field",) if self.ode else ()))
         try:
             self.grid = init_grid(pl_module.member_params, self.axes)
         except ValueError as err:
             raise ValueError(f"EntropyPhaseDiagram: axes = {list(self.axes)}: {err}") from None
-        self.need(pl_module, "entropies", "task_errors", *(("mean_field",) if self.ode else ()))
         dm = trainer.datamodule
         if dm is None or not hasattr(dm, "W_teachers"):
             raise TypeError("EntropyPhaseDiagram needs a teacher-student datamodule (datamodules.TeacherStudent)")

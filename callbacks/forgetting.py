@@ -126,7 +126,7 @@ class Forgetting(HistoryCallback):
         return pl_module.task_errors(trainer.datamodule, self.source).detach().double().cpu()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = self.clock(trainer, pl_module)
+        now = self.now = self.clock(trainer, pl_module)  # the step of what is logged here
         k = len(self.history["switch_errors"])
         if k < len(self.switch_steps) and now == self.switch_steps[k]:  # a batch never straddles a switch
             self.history["switch_errors"].append(self.errors(trainer, pl_module))
@@ -158,7 +158,7 @@ class Forgetting(HistoryCallback):
         if not self.history["switch_errors"]:
             warn_once("Forgetting: training ended before the first task switch; nothing to report")
             return
-        end = self.errors(trainer, pl_module)
+        end, self.now = self.errors(trainer, pl_module), self.clock(trainer, pl_module)
         self._log_change(trainer, pl_module, end, "_final")
         at_switch = self.history["switch_errors"][0]
         read = end if self.delta_errors is None else self.delta_errors
@@ -220,27 +220,27 @@ class Forgetting(HistoryCallback):
                 metrics |= {f"forgetting_by_draw/{g}/{over}={x:g}": m for x, m in zip(p["x"], p["mean"])}
         self.log_scalars(trainer, metrics)
         self.result |= {"profiles": prof, "profiles_ode": prof_ode}
+        if callable(getattr(pl_module, "order_parameters", None)) and hasattr(trainer.datamodule, "W_teachers"):
+            Q = pl_module.order_parameters(trainer.datamodule.W_teachers)[0]  # final node norms sqrt(Q_ii), [S] Fig. 6b
+            self.result["norms"] = _per_group(torch.diagonal(Q, dim1=-2, dim2=-1).clamp_min(0).sqrt().cpu().numpy(),
+                                              params, prof, over)
+            if ode is not None:
+                self.result["norms_ode"] = _per_group(ode["norms"].numpy(), params, prof, over)
         if trainer.is_global_zero:
-            self.result["png"] = self._figure(trainer, pl_module, prof, prof_ode, ode, end)
+            self.result["png"] = self._figure(trainer, pl_module, prof, prof_ode, end)
 
-    def _figure(self, trainer, pl_module, prof: dict, prof_ode: dict | None, ode: dict | None, end: Tensor):
+    def _figure(self, trainer, pl_module, prof: dict, prof_ode: dict | None, end: Tensor):
         from zoo.plots.forgetting import forgetting_grid_figure, forgetting_profile_figure
 
-        over, params = self.over, pl_module.member_params
+        over, r, step = self.over, self.result, self.clock(trainer, pl_module)
         if self.grid_rows is not None:
             fig = forgetting_grid_figure(prof, over, self.grid_rows, self.grid_cols, self.tol, prof_ode)
-            return log_figure(trainer, "forgetting_grid", fig, png="forgetting_grid.png", step=self.clock(trainer, pl_module))
-        norms = norms_ode = later = None
-        if callable(getattr(pl_module, "order_parameters", None)) and hasattr(trainer.datamodule, "W_teachers"):
-            Q = pl_module.order_parameters(trainer.datamodule.W_teachers)[0]
-            norms = _per_group(torch.diagonal(Q, dim1=-2, dim2=-1).clamp_min(0).sqrt().cpu().numpy(), params, prof, over)
-            norms_ode = None if ode is None else _per_group(ode["norms"].numpy(), params, prof, over)
-        else:
-            later = profiles(end[:, -1], params, over, self.repeats)
+            return log_figure(trainer, "forgetting_grid", fig, png="forgetting_grid.png", step=step)
+        later = None if "norms" in r else profiles(end[:, -1], pl_module.member_params, over, self.repeats)
         when = "end of training" if self.delta_errors is None else f"Delta = {self.delta_alpha:g} after the switch"
-        fig = forgetting_profile_figure(prof, over, when, ode=prof_ode, norms=norms, norms_ode=norms_ode, later=later,
-                                        title=f"{type(pl_module).__name__}: forgetting of task 1 vs {over}")
-        return log_figure(trainer, "forgetting_profile", fig, png="forgetting_profile.png", step=self.clock(trainer, pl_module))
+        fig = forgetting_profile_figure(prof, over, when, ode=prof_ode, norms=r.get("norms"), norms_ode=r.get("norms_ode"),
+                                        later=later, title=f"{type(pl_module).__name__}: forgetting of task 1 vs {over}")
+        return log_figure(trainer, "forgetting_profile", fig, png="forgetting_profile.png", step=step)
 
 
 def _per_group(values: np.ndarray, member_params: list[dict], prof: dict, over: str) -> dict[str, np.ndarray]:

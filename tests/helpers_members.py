@@ -15,10 +15,10 @@ def _member_params(module) -> list[dict]:
             if len(set(map(float, values))) > 1:
                 for e in range(E0):
                     base[e][name + ("2" if key == "init_later_heads" else "")] = float(values[e])
-    seed = module.hparams.get("seed", 0)
-    if isinstance(seed, (list, tuple)) and len(set(seed)) > 1:
-        for e in range(E0):
-            base[e]["seed"] = int(seed[e])
+    for e, label in enumerate(module.base_labels):  # the seeds are not kept otherwise (temporary helper)
+        seeds = [part[5:] for part in label.split(",") if part.startswith("seed=")]
+        if seeds:
+            base[e]["seed"] = int(seeds[0])
     if module.xis is not None and len(set(module.xis)) > 1:
         for e in range(E0):
             base[e]["xi"] = float(module.xis[e])
