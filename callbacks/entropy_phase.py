@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.base import PeriodicCallback, log_figure, resuming, warn_once
+from callbacks.base import HistoryCallback, log_figure, warn_once
 from zoo.analysis.init_grid import InitGrid, init_grid, variance_explained
 
 ENTROPIES = ("H_m", "H_Q", "H_h")
 """[S] Eq. 10: the aggregate (Fig. 5) first, then the unit and head entropies (Fig. 10)."""
 
 
-class EntropyPhaseDiagram(PeriodicCallback):
+class EntropyPhaseDiagram(HistoryCallback):
     """Phase diagrams of the specialisation entropies over the initialisation ([S] Figs. 5, 10).
 
     At the end of the fit (and every ``every_n_steps`` SGD samples if given) it takes ``H_m``,
@@ -56,6 +56,7 @@ class EntropyPhaseDiagram(PeriodicCallback):
     """
 
     unit = "samples"
+    HISTORY_KEYS = ("steps", "entropies")  # kept in checkpoints: a resumed fit keeps the intermediate records
 
     def __init__(self, every_n_steps: int | None = None, ode: bool = True, d_alpha: float | None = None,
                  threshold: float = 0.5, converged: float = 1e-3, figure: bool = True,
@@ -77,19 +78,8 @@ class EntropyPhaseDiagram(PeriodicCallback):
         self.ode, self.d_alpha, self.threshold = bool(ode), d_alpha, float(threshold)
         self.converged, self.figure, self.axes = float(converged), bool(figure), tuple(axes)
         self.grid: InitGrid | None = None
-        self.records: dict[int, dict[str, torch.Tensor]] = {}
         self.trajectory = None
         self.result: dict[str, Any] = {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"records": self.records}  # a resumed fit keeps the intermediate records
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.records = dict(state_dict["records"])
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self.records = {}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from zoo.theory.meanfield import ACTIVATIONS, ode_caveats
@@ -110,18 +100,15 @@ class EntropyPhaseDiagram(PeriodicCallback):
             for why in ode_caveats(act, pl_module.eta, dm, getattr(pl_module, "ewc", None) is not None):
                 rank_zero_warn(f"EntropyPhaseDiagram: the mean-field ODE does not describe this run: {why}")
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if resuming(trainer):  # due() counts from the checkpoint's clock, as in the run that saved it
-            self._prev_step = self.clock(trainer, pl_module)
+    def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         if self.intermediate:
-            self._record(trainer, pl_module)  # resumed: the checkpoint's record again, the same weights
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.intermediate and self.due(trainer, pl_module):
             self._record(trainer, pl_module)
 
     def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.records[self.clock(trainer, pl_module)] = {k: v.detach().double().cpu() for k, v in pl_module.entropies().items()}
+        step = self.clock(trainer, pl_module)
+        if step not in self.history["steps"]:
+            self.history["steps"].append(step)
+            self.history["entropies"].append({k: v.detach().double().cpu() for k, v in pl_module.entropies().items()})
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or self.grid is None:
@@ -135,7 +122,7 @@ class EntropyPhaseDiagram(PeriodicCallback):
                 record_every=self.every_n_steps / d if self.intermediate else final / d)
         source = "mc" if pl_module.activation == "sigmoid" else "theory"
         error = pl_module.task_errors(dm, source)[:, int(pl_module.task)]
-        for step in sorted(self.records):
+        for step in sorted(self.history["steps"]):
             r = self.compute(pl_module, step, error if step == final else None)
             self.log_record(trainer, pl_module, step, r)
         self.result = r
@@ -151,7 +138,8 @@ class EntropyPhaseDiagram(PeriodicCallback):
         g, alpha = self.grid, step / pl_module.d
         r: dict[str, Any] = {"step": step, "alpha": alpha, "axes": g.axes, "values": g.values,
                              "max": {H: max_entropy(H, pl_module.p) for H in ENTROPIES},
-                             "sim": {H: g.arrange(self.records[step][H]) for H in ENTROPIES}}
+                             "sim": {H: g.arrange(self.history["entropies"][self.history["steps"].index(step)][H])
+                                     for H in ENTROPIES}}
         ode = self.trajectory
         if ode is not None:
             i = ode.index(alpha)

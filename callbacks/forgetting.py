@@ -62,7 +62,7 @@ class Forgetting(HistoryCallback):
         table: write ``forgetting_members.csv``.
     """
 
-    HISTORY_KEYS = ("switch_errors",)
+    HISTORY_KEYS = ("switch_errors", "delta_errors")  # the error matrix's rows; the errors at Delta
 
     def __init__(self, every_n_steps: int = 1000, delta_alpha: float | None = None,
                  source: Literal["theory", "mc"] | None = None, max_members: int = 32, over: str | None = None,
@@ -82,15 +82,11 @@ class Forgetting(HistoryCallback):
         self.delta_alpha, self.source, self.max_members, self.over = delta_alpha, source, int(max_members), over
         self.repeats, self.tol, self.ode, self.d_alpha = tuple(repeats), float(tol), bool(ode), float(d_alpha)
         self.grid_rows, self.grid_cols, self.unit, self.table = grid_rows, grid_cols, unit, bool(table)
-        self.delta_errors: Tensor | None = None
         self.result: dict = {}
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "delta_errors": self.delta_errors}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        self.delta_errors = state_dict.get("delta_errors")
+    @property
+    def delta_errors(self) -> Tensor | None:
+        return self.history["delta_errors"][0] if self.history["delta_errors"] else None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "task_errors")
@@ -131,7 +127,7 @@ class Forgetting(HistoryCallback):
         if k < len(self.switch_steps) and now == self.switch_steps[k]:  # a batch never straddles a switch
             self.history["switch_errors"].append(self.errors(trainer, pl_module))
         if now == self.delta_step and self.history["switch_errors"]:
-            self.delta_errors = self.errors(trainer, pl_module)
+            self.history["delta_errors"] = [self.errors(trainer, pl_module)]
             self._log_members(trainer, pl_module, "forgetting_delta", self.delta_errors[:, 0] - self.history["switch_errors"][0][:, 0])
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
@@ -222,10 +218,10 @@ class Forgetting(HistoryCallback):
         self.result |= {"profiles": prof, "profiles_ode": prof_ode}
         if callable(getattr(pl_module, "order_parameters", None)) and hasattr(trainer.datamodule, "W_teachers"):
             Q = pl_module.order_parameters(trainer.datamodule.W_teachers)[0]  # final node norms sqrt(Q_ii), [S] Fig. 6b
-            self.result["norms"] = _per_group(torch.diagonal(Q, dim1=-2, dim2=-1).clamp_min(0).sqrt().cpu().numpy(),
-                                              params, prof, over)
+            norms = torch.diagonal(Q, dim1=-2, dim2=-1).clamp_min(0).sqrt().cpu().numpy()
+            self.result["norms"] = _per_group(norms, params, over, self.repeats)
             if ode is not None:
-                self.result["norms_ode"] = _per_group(ode["norms"].numpy(), params, prof, over)
+                self.result["norms_ode"] = _per_group(ode["norms"].numpy(), params, over, self.repeats)
         if trainer.is_global_zero:
             self.result["png"] = self._figure(trainer, pl_module, prof, prof_ode, end)
 
@@ -243,12 +239,7 @@ class Forgetting(HistoryCallback):
         return log_figure(trainer, "forgetting_profile", fig, png="forgetting_profile.png", step=step)
 
 
-def _per_group(values: np.ndarray, member_params: list[dict], prof: dict, over: str) -> dict[str, np.ndarray]:
-    """Per-member rows ``values`` (E, ...) regrouped as the profiles ``prof``: group -> (n_x, ...),
-    the mean over a group's runs at each ``x``."""
-    out = {}
-    for g, p in prof.items():
-        rows = [[values[e] for e, m in enumerate(member_params)
-                 if float(m[over]) == x and all(m.get(k) == v for k, v in p["params"].items())] for x in p["x"]]
-        out[g] = np.stack([np.mean(r, axis=0) for r in rows])
-    return out
+def _per_group(values: np.ndarray, member_params: list[dict], over: str, repeats: tuple[str, ...]) -> dict:
+    """Per-member rows ``values`` (E, u) as profiles: group -> (n_x, u), the mean over a group's runs."""
+    units = [profiles(values[:, u], member_params, over, repeats) for u in range(values.shape[1])]
+    return {g: np.stack([prof[g]["mean"] for prof in units], -1) for g in units[0]}

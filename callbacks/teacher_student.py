@@ -73,7 +73,7 @@ class OrderParameters(HistoryCallback):
     """
 
     unit = "samples"
-    HISTORY_KEYS = ("steps", "errors", "snap_steps", "snap_Q", "snap_R")
+    HISTORY_KEYS = ("steps", "errors", "snap_steps", "snap_Q", "snap_R", "images")  # images: their steps
 
     def __init__(self, every_n_steps: int = 1000, max_members: int = 8, max_images: int = 4,
                  images_every_n_steps: int | None = None, error_curve: bool = True, figure: bool = True) -> None:
@@ -83,21 +83,7 @@ class OrderParameters(HistoryCallback):
         self.images_every_n_steps = every_n_steps if images_every_n_steps is None else _count(
             "OrderParameters", "images_every_n_steps", images_every_n_steps, 1)
         self.error_curve, self.figure = bool(error_curve), bool(figure)
-        self._last_image: int | None = None
         self._switches: set[int] = set()
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage == "fit":
-            self._last_image = None
-
-    # when the images were last logged: a resumed fit keeps their schedule
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "last_image": self._last_image}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        self._last_image = state_dict.get("last_image")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "order_parameters", *(("task_errors",) if self.error_curve and self.figure else ()))
@@ -141,11 +127,12 @@ class OrderParameters(HistoryCallback):
             self.history["errors"].append(_errors(trainer, pl_module))
 
     def _images_due(self, g: int) -> bool:
-        """At the first logging step of a fit, then when ``g`` crosses a multiple of ``images_every_n_steps``."""
-        n, last = self.images_every_n_steps, self._last_image
-        if last is not None and (g <= last or g // n == last // n):
+        """At the first logging step of a fit, then when ``g`` crosses a multiple of ``images_every_n_steps``
+        (the history keeps the schedule across a resume)."""
+        n, done = self.images_every_n_steps, self.history["images"]
+        if done and (g <= done[-1] or g // n == done[-1] // n):
             return False
-        self._last_image = g
+        done.append(g)
         return True
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

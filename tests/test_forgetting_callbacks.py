@@ -211,7 +211,7 @@ def test_bad_setups_fail_before_training(tmp_path):
 def test_switch_errors_survive_a_checkpoint():
     cb = Forgetting()
     cb.history["switch_errors"] = [torch.ones(2, 2)]
-    cb.delta_errors = torch.zeros(2, 2)
+    cb.history["delta_errors"] = [torch.zeros(2, 2)]
     again = Forgetting()
     again.load_state_dict(cb.state_dict())
     assert torch.equal(again.history["switch_errors"][0], torch.ones(2, 2))
