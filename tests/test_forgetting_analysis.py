@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from zoo.analysis.forgetting import error_matrix, forgetting_transfer, profile_shape, profiles
+from zoo.analysis.forgetting import error_matrix, errors_to_kept, forgetting_transfer, profile_shape, profiles
 from zoo.plots.teacher_student import angle_text, pretty
 
 
@@ -95,3 +95,14 @@ def test_pretty_angles_come_from_the_numbers():
     assert angle_text(0.3) == "0.3"
     assert pretty({"theta": math.pi / 4, "r2": 0.01, "theta2": math.pi / 2}) == "theta=pi/4, r2=0.01, theta2=pi/2"
     assert pretty({}) == "all members"
+
+
+def test_errors_to_kept_counts_errors_on_dropped_digits_that_go_to_kept_labels():
+    task1, task2 = [3, 7, 1, 0, 9], [3, 7, 5, 6, 8]  # digits 3 and 7 (labels 0, 1) kept
+    target = torch.tensor([0, 1, 2, 2, 3, 4, 4, 2])
+    pred = torch.tensor([1, 1, 0, 2, 1, 3, 0, 4])
+    # errors on dropped digits (labels 2, 3, 4): items 2 (->0), 4 (->1), 5 (->3), 6 (->0), 7 (->4);
+    # item 0 is an error on a kept digit and does not count; 3 of the 5 go to labels 0 or 1
+    assert errors_to_kept(pred, target, task1, task2) == 3 / 5
+    assert math.isnan(errors_to_kept(target, target, task1, task2))  # no errors
+    assert errors_to_kept(pred, target, task1, [5, 6, 8, 2, 4]) == 0.0  # nothing kept

@@ -128,3 +128,15 @@ def profiles(values: Tensor | np.ndarray, member_params: Sequence[Mapping[str, o
             "runs": np.asarray([[per_x[x][r] for r in keys] for x in xs]) if paired else None,
         }
     return out
+
+
+def errors_to_kept(pred: Tensor, target: Tensor, task1: Sequence[int], task2: Sequence[int]) -> float:
+    """Of task 1's test errors on the digits task 2 dropped, the fraction predicted as a label whose
+    digit task 2 kept ([S] App. G runs; ``pred``, ``target`` (N,) task 1 labels, ``task1``/``task2``
+    the digits in label order, as ``MNISTContinual.digits[s]``). Errors spread evenly would give
+    ``k / 4`` (``k`` kept of the 4 wrong labels); near 1, task 2 merged the dropped digits into the
+    kept ones. NaN without such errors."""
+    kept = torch.tensor([i for i, d in enumerate(task1) if d in task2], dtype=torch.long)
+    dropped_wrong = (pred != target) & ~torch.isin(target, kept)
+    n = int(dropped_wrong.sum())
+    return float(torch.isin(pred[dropped_wrong], kept).sum()) / n if n else math.nan

@@ -62,7 +62,7 @@ def forgetting_profile_figure(prof: dict, over: str, when: str, ode: dict | None
     if later is not None:
         axes[0][-1].set_xlabel(f"task similarity {over}")
         axes[0][-1].set_ylabel("last task's error at the end")
-        axes[0][-1].set_title("(c) was the later task learned?", fontsize=9)
+        axes[0][-1].set_title(f"({'abc'[panels - 1]}) was the later task learned?", fontsize=9)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
