@@ -52,7 +52,7 @@ class Forgetting(HistoryCallback):
         source: ``"theory"`` ([S] Eq. 9 on the weights) or ``"mc"`` (the test sets); default:
             theory where the module has a closed form, else mc.
         max_members: members with their own scalar tags.
-        over: the member parameter of the profile; default ``gamma`` or ``k``, whichever members vary in.
+        over: the member parameter of the profile; default ``k`` or else ``gamma``, whichever members vary in.
         repeats: member parameters that only repeat an experiment (averaged over).
         tol: differences below this count as flat in the shape test.
         ode: draw the mean-field ODE where it describes the run.
@@ -101,7 +101,7 @@ class Forgetting(HistoryCallback):
         if self.source == "theory" and getattr(pl_module, "activation", None) == "sigmoid":
             raise ValueError("Forgetting: source = 'theory' has no closed form for activation 'sigmoid'; use source = 'mc'")
         if self.over is None:
-            self.over = next((k for k in ("gamma", "k") if len({p.get(k) for p in params}) > 1), None)
+            self.over = next((k for k in ("k", "gamma") if len({p.get(k) for p in params}) > 1), None)
         for name in ("over", "grid_rows", "grid_cols"):
             key = getattr(self, name)
             if key is not None and not all(key in p for p in params):
