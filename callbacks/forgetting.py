@@ -59,7 +59,7 @@ class Forgetting(HistoryCallback):
         d_alpha: Euler step of the ODE.
         grid_rows, grid_cols: member parameters that span the panel grid (both or neither).
         unit: the clock: ``"samples"`` (SGD samples of a student) or ``"steps"`` (optimizer steps).
-        table: write ``forgetting_members.csv``.
+        table, figure: write ``forgetting_members.csv``; the profile's figure.
     """
 
     HISTORY_KEYS = ("switch_errors", "delta_errors")  # the error matrix's rows; the errors at Delta
@@ -68,7 +68,7 @@ class Forgetting(HistoryCallback):
                  source: Literal["theory", "mc"] | None = None, max_members: int = 32, over: str | None = None,
                  repeats: tuple[str, ...] = ("seed", "draw"), tol: float = 0.01, ode: bool = True,
                  d_alpha: float = 0.01, grid_rows: str | None = None, grid_cols: str | None = None,
-                 unit: Literal["samples", "steps"] = "samples", table: bool = False) -> None:
+                 unit: Literal["samples", "steps"] = "samples", table: bool = False, figure: bool = True) -> None:
         super().__init__(every_n_steps)
         bad = [(n, v, allowed) for n, v, ok, allowed in (
             ("source", source, source in (None, "theory", "mc"), "'theory', 'mc' or null"),
@@ -81,7 +81,7 @@ class Forgetting(HistoryCallback):
             raise ValueError(f"Forgetting: {bad[0][0]} = {bad[0][1]!r}; allowed: {bad[0][2]}")
         self.delta_alpha, self.source, self.max_members, self.over = delta_alpha, source, int(max_members), over
         self.repeats, self.tol, self.ode, self.d_alpha = tuple(repeats), float(tol), bool(ode), float(d_alpha)
-        self.grid_rows, self.grid_cols, self.unit, self.table = grid_rows, grid_cols, unit, bool(table)
+        self.grid_rows, self.grid_cols, self.unit, self.table, self.figure = grid_rows, grid_cols, unit, table, figure
         self.result: dict = {}
 
     @property
@@ -222,7 +222,7 @@ class Forgetting(HistoryCallback):
             self.result["norms"] = _per_group(norms, params, over, self.repeats)
             if ode is not None:
                 self.result["norms_ode"] = _per_group(ode["norms"].numpy(), params, over, self.repeats)
-        if trainer.is_global_zero:
+        if self.figure and trainer.is_global_zero:
             self.result["png"] = self._figure(trainer, pl_module, prof, prof_ode, end)
 
     def _figure(self, trainer, pl_module, prof: dict, prof_ode: dict | None, end: Tensor):

@@ -80,7 +80,7 @@ def erf_error(W: torch.Tensor, h: torch.Tensor, WT: torch.Tensor, hT: torch.Tens
 @pytest.mark.parametrize("source", ["theory", "mc"])
 def test_logged_forgetting_and_transfer_equal_errors_recomputed_from_saved_weights(tmp_path, source):
     saved, lg = SaveWeights(), MemoryLogger()
-    cb = Forgetting(every_n_steps=200, delta_alpha=400 / 60, source=source)
+    cb = Forgetting(every_n_steps=200, delta_alpha=400 / 60, source=source, ode=False, figure=False)  # tested below
     trainer, net, dm = fit(tmp_path, [saved, cb], logger=lg)
     x, y = dm.test_set()
     x = x.double()
@@ -163,7 +163,7 @@ def test_members_are_grouped_by_initialisation_and_gamma(tmp_path):
     lg = MemoryLogger()
     gammas = [0.3, 0.9, 0.0, 0.6]
     thetas = [0.0, 0.4, math.pi / 4]
-    cb = Forgetting(every_n_steps=10_000, ode=False)
+    cb = Forgetting(every_n_steps=10_000, ode=False, figure=False)
     _, net, dm = fit(tmp_path, [cb], gamma=gammas, theta=thetas, steps=(200, 400), logger=lg)
     prof = cb.result["profiles"]
     assert list(prof) == ["theta=0", "theta=0.4", "theta=0.7854"]
