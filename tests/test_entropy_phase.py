@@ -20,6 +20,9 @@ import tests.helpers_members  # noqa: F401  TEMPORARY: member_params until the m
 from zoo.analysis.init_grid import init_grid, variance_explained
 from zoo.theory.meanfield import integrate
 
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 D = 100
 SIGMAS = [1e-3, 1e-1]  # 100x apart: a member's sample std of W (200 entries) cannot be mistaken
 RS = [0.5, 2.0]

@@ -13,6 +13,9 @@ from datamodules import TeacherStudent
 from zoo import MultiHeadStudent
 from zoo.init import Polar
 
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def fit(tmp_path, callback, **net_kw):
     dm = TeacherStudent(d=30, num_steps=1200, switch_step=600, steps_per_batch=200)

@@ -18,6 +18,9 @@ from zoo import MultiHeadStudent
 from zoo.init import Polar
 from zoo.theory.meanfield import integrate
 
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class MemoryLogger(Logger):
     """Keeps every logged scalar: ``metrics[tag] = [(step, value), ...]``."""

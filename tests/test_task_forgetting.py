@@ -23,6 +23,9 @@ try:
 except ImportError:  # until the multihead branch moves it out of the test module
     from tests.test_mnist_continual import tiny_mnist
 
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class Snapshot(pl.Callback):
     """Keeps a copy of the module at the task switch (an independent record of the weights)."""

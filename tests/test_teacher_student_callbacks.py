@@ -17,6 +17,9 @@ from tests.conftest import quiet_trainer
 import tests.helpers_members  # noqa: F401  TEMPORARY: member_params until the multihead merge
 from zoo.theory.meanfield import integrate
 
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 THETAS = [0.0, math.pi / 4]  # one active unit / two identical units ([S] Sec. 4.2, polar heads)
 LABELS = ["theta=0", "theta=0.7854"]
 
