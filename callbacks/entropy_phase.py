@@ -32,8 +32,7 @@ class EntropyPhaseDiagram(HistoryCallback):
     At the end of the fit (and every ``every_n_steps`` SGD samples if given) it takes ``H_m``,
     ``H_Q``, ``H_h`` of [S] Eq. 10 of every member's active head, from the trained weights
     (``pl_module.entropies()``) and from the mean-field ODE (``pl_module.mean_field``, all members
-    in one call) at the same alpha, and arranges them on the grid of ``axes`` (member parameters:
-    x, y, one panel per value of the third).
+    in one call) at the same alpha, on the grid of ``axes`` (member parameters: x, y, panels).
 
     It writes ``entropy_phase.png`` (rows: entropy x source, and the simulation's final error,
     [S] Eq. 9 or Monte Carlo for sigmoid; blue = specialised, yellow = not) and logs the figure
@@ -42,8 +41,8 @@ class EntropyPhaseDiagram(HistoryCallback):
     ``entropy_phase/<H>/same_side`` (fraction of cells on the same side of ``threshold * max``),
     ``entropy_phase/<source>/<H>/var_explained/<axis>`` (main-effect share, printed at the end),
     ``entropy_phase/<source>/<H>/mean`` and ``entropy_phase/error/{median,max,fraction_converged,ode_median}``.
-    Where the ODE does not describe the run (``zoo.theory.meanfield.ode_caveats``) it warns.
-    ``self.result`` holds the last record's arrays, ``self.trajectory`` the ODE.
+    It warns where the ODE does not describe the run (``meanfield.ode_caveats``); ``self.result``
+    holds the last record's arrays.
 
     Args:
         every_n_steps: also record every this many SGD samples (and at the start); default: end only.

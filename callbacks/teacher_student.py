@@ -1,11 +1,6 @@
-"""Teacher-student observables ([S] Sec. 4): order parameters, specialisation entropies, and the
-mean-field ODE beside the simulation.
-
-* :class:`OrderParameters`: ``Q`` and ``R^(t)`` ([S] Eq. 8) as scalars and heatmaps, and at the
-  end ``order_parameters.png`` ([S] Fig. 1b, ``zoo.plots.teacher_student``).
-* :class:`Entropies`: ``H_h``, ``H_Q``, ``H_m`` of the active head ([S] Eq. 10).
-* :class:`TheoryOverlay`: every task's error beside the mean-field ODE ([S] Eqs. 20-22) started
-  from the run's own initial order parameters (``MultiHeadStudent.mean_field``); ``theory_overlay.png``.
+"""Teacher-student observables ([S] Sec. 4): :class:`OrderParameters` (``Q``, ``R^(t)``, [S] Eq. 8;
+Fig. 1b), :class:`Entropies` ([S] Eq. 10) and :class:`TheoryOverlay` (every task's error beside the
+mean-field ODE, [S] Eqs. 20-22, from the run's own start: ``MultiHeadStudent.mean_field``).
 
 They schedule on the student's theory clock, SGD samples (``unit = "samples"``), and log at it;
 ``alpha = samples / d``. The maths is in the module's methods and ``zoo.theory.meanfield``.
@@ -21,7 +16,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, PeriodicCallback, log_figure, log_matrix, overlay_charts
+from callbacks.base import HistoryCallback, PeriodicCallback, log_figure, log_matrix, output_path, overlay_charts
+from zoo.plots import pyplot
 
 
 def _teacher_data(trainer: pl.Trainer, who: str, *attrs: str):
@@ -45,6 +41,15 @@ def _pair(i: int, j: int, n: int) -> str:
     return f"{i}{j}" if n <= 10 else f"{i}_{j}"
 
 
+def _end_figure(trainer: pl.Trainer, cb: PeriodicCallback, pl_module, tag: str, fig) -> None:
+    """A PNG; in TensorBoard too once the whole schedule ran (a fit stopped early by max_steps
+    and resumed would keep a second image at its stop step: only steps after it are purged)."""
+    if cb.clock(trainer, pl_module) >= trainer.datamodule.num_steps:
+        return log_figure(trainer, tag, fig, png=f"{tag}.png", step=cb.clock(trainer, pl_module))
+    fig.savefig(output_path(trainer, f"{tag}.png"))
+    pyplot().close(fig)
+
+
 def _errors(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
     """Every member's error per task (E, n_tasks): [S] Eq. 9 on the order parameters, or Monte
     Carlo on the test set where there is no closed form (sigmoid)."""
@@ -59,9 +64,9 @@ class OrderParameters(HistoryCallback):
     heatmaps (``Q/<member>``, ``R/<member>/task<t>``) for up to ``max_images`` members, every
     ``images_every_n_steps`` SGD samples (an image costs ~50 ms, a scalar nothing).
 
-    At the end of the fit, ``order_parameters.png`` ([S] Fig. 1b): every task's error over alpha
-    ([S] Eq. 9; Monte Carlo for sigmoid) and, per member, Q and R at every switch and at the end.
-    Sparse Q and R (one active unit per teacher unit) = specialised; dense = redundant units.
+    At the end, ``order_parameters.png`` ([S] Fig. 1b): every task's error over alpha ([S] Eq. 9;
+    Monte Carlo for sigmoid) and, per member, Q and R at every switch and at the end. Sparse Q and
+    R (one active unit per teacher unit) = specialised; dense = redundant units.
 
     Args:
         every_n_steps: log every this many SGD samples (and at the start).
@@ -149,7 +154,7 @@ class OrderParameters(HistoryCallback):
             pl_module.labels[: self.max_images], np.asarray(h["steps"], dtype=float) / d,
             torch.stack(h["errors"]).numpy() if h["errors"] else None, [s / d for s in h["snap_steps"]], Qs,
             [r.numpy() for r in h["snap_R"]], H_Q, [s / d for s in sorted(self._switches)], str(pl_module.activation))
-        log_figure(trainer, "order_parameters", fig, png="order_parameters.png", step=self.clock(trainer, pl_module))
+        _end_figure(trainer, self, pl_module, "order_parameters", fig)
 
 
 class Entropies(PeriodicCallback):
@@ -185,11 +190,9 @@ class TheoryOverlay(HistoryCallback):
     Euler step ``d_alpha``) for the first ``max_members`` members. At the start and every
     ``every_n_steps`` SGD samples it logs, per member and task ``t``:
 
-    * ``error/<member>/task<t>/order_params``: [S] Eq. 9 on the simulated order parameters;
-    * ``error/<member>/task<t>/simulation``: Monte Carlo on the datamodule's test set (if ``mc``);
-    * ``error/<member>/task<t>/ode``: the ODE at the same ``alpha``;
-    * ``error/<member>/task<t>/rel_deviation``: ``(order_params - ode) / ode``, and
-      ``error/rel_deviation_max`` over members and tasks.
+    ``error/<member>/task<t>/order_params`` ([S] Eq. 9 on the simulated order parameters),
+    ``.../simulation`` (Monte Carlo on the test set, if ``mc``), ``.../ode`` (at the same ``alpha``),
+    ``.../rel_deviation`` (``(order_params - ode) / ode``) and ``error/rel_deviation_max``.
 
     CUSTOM SCALARS overlays a member's curves; at the end, ``theory_overlay.png``
     (``zoo.plots.teacher_student.theory_overlay_figure``). Sigmoid has no theory (a ValueError);
@@ -283,4 +286,4 @@ class TheoryOverlay(HistoryCallback):
             torch.stack(h["order_params"]).numpy(), torch.stack(h["simulation"]).numpy() if h["simulation"] else None,
             tr.alpha.numpy(), tr.eps.numpy(), torch.stack(h["ode"]).numpy(), list(tr.alpha_switch),
             title=f"{act} student, eta = {pl_module.eta:g}, d = {d}" + (" (ReLU ODE: small-eta limit)" if act == "relu" else ""))
-        log_figure(trainer, "theory_overlay", fig, png="theory_overlay.png", step=self.clock(trainer, pl_module))
+        _end_figure(trainer, self, pl_module, "theory_overlay", fig)
