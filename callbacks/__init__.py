@@ -3,7 +3,7 @@ from callbacks.balance import Balance
 from callbacks.depth import StereotypicalLoss
 from callbacks.entropy_phase import EntropyPhaseDiagram
 from callbacks.error_curves import ErrorCurves
-from callbacks.forgetting import Forgetting, ForgettingProfile
+from callbacks.forgetting import Forgetting
 from callbacks.gdln import LossCurves, PathwaySingularValues, XorLearningTimes
 from callbacks.network_map import NetworkMap
 from callbacks.ntk import NTKDistance
@@ -12,13 +12,12 @@ from callbacks.reln import ActivationPatterns, HiddenMDS
 from callbacks.rsm import RSM
 from callbacks.singular_values import SingularValues
 from callbacks.sparsity import Sparsity
-from callbacks.task_forgetting import TaskForgetting
 from callbacks.teacher_student import Entropies, OrderParameters, TheoryOverlay
 from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 
 __all__ = [
-    "ActivationPatterns", "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting", "ForgettingProfile",
+    "ActivationPatterns", "Balance", "DCI", "Entropies", "EntropyPhaseDiagram", "ErrorCurves", "Forgetting",
     "HiddenMDS", "LatentTraversals", "LossCurves", "NetworkMap", "NTKDistance", "OrderParameters", "PathwaySingularValues",
-    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "StereotypicalLoss", "SweepFigure", "TaskForgetting", "TheoryOverlay",
+    "PhaseDiagram", "Reconstructions", "RSM", "SingularValues", "Sparsity", "StereotypicalLoss", "SweepFigure", "TheoryOverlay",
     "XorLearningTimes",
 ]

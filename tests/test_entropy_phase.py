@@ -11,17 +11,22 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from callbacks.entropy_phase import EntropyPhaseDiagram, init_grid, variance_explained
+from callbacks.entropy_phase import EntropyPhaseDiagram
 from datamodules import RankOne, TeacherStudent
 from zoo import DeepLinearNet, MultiHeadStudent
 from zoo.init import Gaussian, Polar, Xavier
 from tests.conftest import quiet_trainer
+from zoo.analysis.init_grid import init_grid, variance_explained
 from zoo.theory.meanfield import integrate
+
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = 100
 SIGMAS = [1e-3, 1e-1]  # 100x apart: a member's sample std of W (200 entries) cannot be mistaken
 RS = [0.5, 2.0]
 THETAS = [0.0, 0.3]
+AXES = ("sigma", "r", "theta")
 
 
 def student(**kw) -> MultiHeadStudent:
@@ -53,9 +58,9 @@ def eq10(Q: torch.Tensor, h: torch.Tensor) -> dict[str, float]:
 
 def check_cells(net: MultiHeadStudent) -> None:
     """Every cell's member has that cell's sigma_w, r and theta in its own initial weights."""
-    grid = init_grid(net)
-    assert grid.shape == (2, 2, 2)
-    assert list(grid.sigma_w) == SIGMAS and list(grid.r) == RS and list(grid.theta) == THETAS
+    grid = init_grid(net.member_params, AXES)
+    assert grid.member.shape == (2, 2, 2)
+    assert [list(grid.values[a]) for a in AXES] == [SIGMAS, RS, THETAS]
     assert sorted(grid.member.ravel().tolist()) == list(range(8))
     for (i, j, k), e in np.ndenumerate(grid.member):
         h = net.h_init[e, 0].double()
@@ -76,7 +81,7 @@ def test_grid_order_is_read_from_the_members_not_assumed():
     random.Random(1).shuffle(combos)
     net = student(grid=False, init_w=Gaussian(sigma=[c[0] for c in combos]),
                   init_heads=Polar(r=[c[1] for c in combos], theta=[c[2] for c in combos]))
-    assert init_grid(net).member.ravel().tolist() != list(range(8))  # the shuffle changed the order
+    assert init_grid(net.member_params, AXES).member.ravel().tolist() != list(range(8))  # the shuffle changed the order
     check_cells(net)
 
 
@@ -103,7 +108,7 @@ def test_fit_gives_eq10_of_the_simulation_and_of_a_separate_ode_call(tmp_path):
     hT = net.member_teacher_heads(dm.teacher_heads)
     tr = integrate(Q0[e], R0[e], T[e], net.h_init[e].double(), hT[e], activation="erf", eta=1.0,
                    alpha_switch=[], alpha_end=1000 / D, d_alpha=0.01, record_every=1000 / D)
-    assert float(tr.alpha[-1]) == pytest.approx(r["ode_alpha"])
+    assert float(tr.alpha[-1]) == pytest.approx(r["alpha"])
     direct = eq10(tr.Q[0, -1], tr.heads[0, -1, 0])
     for H, v in direct.items():
         # the same Euler arithmetic batched or alone: equal up to rounding (1e-12 over 1000 steps)
@@ -114,7 +119,7 @@ def test_fit_gives_eq10_of_the_simulation_and_of_a_separate_ode_call(tmp_path):
     # the agreement scalars are what they say
     for H in ("H_m", "H_Q", "H_h"):
         assert r["mean_abs_diff"][H] == pytest.approx(float(np.abs(r["sim"][H] - r["ode"][H]).mean()))
-        assert r["var_explained"]["sim"][H] == variance_explained(r["sim"][H])
+        assert r["var_explained"]["sim"][H] == variance_explained(r["sim"][H], AXES)
 
     # the PNG is written beside the user's file, which is left alone
     folder = tmp_path / "tb" / "version_0"
@@ -136,26 +141,27 @@ def test_fit_gives_eq10_of_the_simulation_and_of_a_separate_ode_call(tmp_path):
 
 
 def test_variance_explained_of_grids_with_known_structure():
+    axes = ("sigma_w", "r", "theta")
     s, r, t = np.meshgrid(np.arange(3.0), np.arange(4.0), np.arange(5.0), indexing="ij")
-    assert variance_explained(np.sin(t)) == pytest.approx({"sigma_w": 0.0, "r": 0.0, "theta": 1.0})
+    assert variance_explained(np.sin(t), axes) == pytest.approx({"sigma_w": 0.0, "r": 0.0, "theta": 1.0})
     # additive effects: shares are the variances of each term (var(2 s) = 4 * 2/3, var(t) = 2)
-    shares = variance_explained(2 * s + t)
+    shares = variance_explained(2 * s + t, axes)
     assert shares == pytest.approx({"sigma_w": (8 / 3) / (8 / 3 + 2), "r": 0.0, "theta": 2 / (8 / 3 + 2)})
     # a pure interaction of centred contrasts has no main effect
-    assert variance_explained((s - 1) * (t - 2)) == pytest.approx({"sigma_w": 0.0, "r": 0.0, "theta": 0.0}, abs=1e-12)
-    assert variance_explained(np.ones((2, 2, 2))) == {"sigma_w": 0.0, "r": 0.0, "theta": 0.0}
+    assert variance_explained((s - 1) * (t - 2), axes) == pytest.approx({"sigma_w": 0.0, "r": 0.0, "theta": 0.0}, abs=1e-12)
+    assert variance_explained(np.ones((2, 2, 2)), axes) == {"sigma_w": 0.0, "r": 0.0, "theta": 0.0}
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: student(grid=False), "not the full grid"),  # zipped lists: 2 members, 2x2x2 cells
-    (lambda: student(init_heads=Gaussian(sigma=[0.1, 1.0])), "polar"),
-    (lambda: student(init_w=Xavier(gain=[0.5, 1.0])), "gaussian"),
+    (lambda: student(grid=False), "do not fill the grid"),  # zipped lists: 2 members, 2x2x2 cells
+    (lambda: student(init_heads=Gaussian(sigma=[0.1, 1.0])), "axes"),  # no r, theta: other parameters vary
+    (lambda: student(init_w=Xavier(gain=[0.5, 1.0])), "share the cell"),  # gain varies, no sigma axis
     (lambda: student(seed=[0, 1]), "share the cell"),  # a seed axis doubles every cell
 ])
 def test_a_module_that_is_not_a_sigma_r_theta_grid_is_refused_before_training(tmp_path, make, match):
     trainer = trainer_for(tmp_path, [EntropyPhaseDiagram()], logger=False)
     net = make()
-    with pytest.raises(TypeError, match=match):
+    with pytest.raises(ValueError, match=match):
         trainer.fit(net, data())
     assert trainer.global_step == 0
 

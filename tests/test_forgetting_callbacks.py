@@ -1,6 +1,6 @@
-"""Forgetting / ForgettingProfile ([S] Sec. 4.2.1, Figs. 6 and 11): the logged forgetting and transfer
-equal errors recomputed from saved weights, the ODE profile equals a direct integration, members
-are grouped by (initialisation, gamma) correctly, figures are written, bad set-ups fail early."""
+"""Forgetting on teacher-student runs ([S] Sec. 4.2.1, Figs. 6 and 11): the logged forgetting and
+transfer equal errors recomputed from saved weights, the ODE profile equals a direct integration,
+members are grouped by (initialisation, gamma) correctly, figures are written, bad set-ups fail early."""
 from __future__ import annotations
 
 import math
@@ -11,12 +11,14 @@ import pytest
 import torch
 from lightning.pytorch.loggers import Logger
 
-from callbacks.forgetting import (Forgetting, ForgettingProfile, angle_text, member_grid, pretty_label,
-                                  profile_shape)
+from callbacks.forgetting import Forgetting
 from datamodules import TeacherStudent
 from zoo import MultiHeadStudent
 from zoo.init import Polar
 from zoo.theory.meanfield import integrate
+
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class MemoryLogger(Logger):
@@ -49,8 +51,8 @@ class SaveWeights(pl.Callback):
         self.W, self.h = {}, {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.W[trainer.global_step] = pl_module.W.detach().double().clone()
-        self.h[trainer.global_step] = pl_module.h.detach().double().clone()
+        self.W[pl_module.samples_seen] = pl_module.W.detach().double().clone()
+        self.h[pl_module.samples_seen] = pl_module.h.detach().double().clone()
 
 
 def fit(tmp_path, callbacks, *, d=60, gamma=(0.0, 0.5), theta=(0.0, math.pi / 4), steps=(600, 1200),
@@ -80,7 +82,7 @@ def erf_error(W: torch.Tensor, h: torch.Tensor, WT: torch.Tensor, hT: torch.Tens
 @pytest.mark.parametrize("source", ["theory", "mc"])
 def test_logged_forgetting_and_transfer_equal_errors_recomputed_from_saved_weights(tmp_path, source):
     saved, lg = SaveWeights(), MemoryLogger()
-    cb = Forgetting(every_n_steps=200, delta_alpha=400 / 60, source=source)
+    cb = Forgetting(every_n_steps=200, delta_alpha=400 / 60, source=source, ode=False, figure=False)  # tested below
     trainer, net, dm = fit(tmp_path, [saved, cb], logger=lg)
     x, y = dm.test_set()
     x = x.double()
@@ -126,19 +128,18 @@ def test_three_tasks_log_forgetting_of_each_finished_task(tmp_path):
     assert [s for s, _ in lg.metrics[f"transfer/{lbl}"]] == [400]  # task 2 trains only until the second switch
     assert [s for s, _ in lg.metrics[f"transfer/task3/{lbl}"]] == [800, 1200]
     final = net.theory_error(dm.W_teachers, dm.teacher_heads)[0].double()
-    assert lg.metrics[f"forgetting_final/task2/{lbl}"][0][1] == pytest.approx(float(final[1] - cb.switch_errors[1][0, 1]), abs=1e-9)
+    assert lg.metrics[f"forgetting_final/task2/{lbl}"][0][1] == pytest.approx(float(final[1] - cb.history["switch_errors"][1][0, 1]), abs=1e-9)
 
 
 @pytest.mark.parametrize("delta_alpha", [None, 4.0])
 def test_ode_profile_of_a_member_equals_a_direct_integration(tmp_path, delta_alpha):
     d, gammas = 50, [0.5, 0.0, 1.0]  # unsorted on purpose: the profile sorts by gamma
-    cb = ForgettingProfile(every_n_steps=10_000, delta_alpha=delta_alpha)
+    cb = Forgetting(every_n_steps=10_000, delta_alpha=delta_alpha)
     trainer, net, dm = fit(tmp_path, [cb], d=d, gamma=gammas, steps=(5 * d, 11 * d), steps_per_batch=d)
     r = cb.result
-    assert list(r["gammas"]) == [0.0, 0.5, 1.0]
-    i, j = 1, 0  # the second initialisation (theta = pi/4) at gamma = 0.0, i.e. teacher set 1
-    e = i * 3 + 1
-    assert r["members"][i, j] == e
+    group = "theta=0.7854"  # the second initialisation
+    assert list(r["profiles"][group]["x"]) == [0.0, 0.5, 1.0]
+    e = 1 * 3 + 1  # member e = i_init * G + i_gamma learns teacher set e mod G: gamma = gammas[1] = 0.0
     # a direct integration from this member's initial weights, order parameters computed here
     W0, WT = net.W_init[e].double(), dm.W_teachers[1]
     Q0 = W0 @ W0.T / d
@@ -149,12 +150,13 @@ def test_ode_profile_of_a_member_equals_a_direct_integration(tmp_path, delta_alp
     i_end = traj.index(11.0 if delta_alpha is None else 5.0 + delta_alpha)
     want = float(traj.eps[0, i_end, 0] - traj.eps[0, traj.i_switch[0], 0])
     # the same Euler steps batched over 6 members vs alone: equal up to float64 rounding
-    assert r["forgetting_ode"][i, j] == pytest.approx(want, abs=1e-10)
+    assert r["profiles_ode"][group]["mean"][0] == pytest.approx(want, abs=1e-10)
     assert abs(want) > 1e-3  # a real number to compare, not 0 = 0
-    assert np.allclose(r["norms_ode"][i, j], traj.Q[0, -1].diagonal().sqrt().numpy(), atol=1e-10)
+    assert np.allclose(r["norms_ode"][group][0], traj.Q[0, -1].diagonal().sqrt().numpy(), atol=1e-10)
     # and the simulated forgetting is this member's, from its errors at the switch and at Delta
-    assert r["forgetting"][i, j] == pytest.approx(
-        float((cb.delta_errors if delta_alpha else cb.final_errors)[e, 0] - cb.switch_errors[0][e, 0]), abs=1e-12)
+    read = cb.delta_errors if delta_alpha else r["end"]
+    assert r["profiles"][group]["mean"][0] == pytest.approx(float(read[e, 0] - cb.history["switch_errors"][0][e, 0]),
+                                                            abs=1e-12)
     pngs = list(tmp_path.rglob("forgetting_profile*.png"))
     assert len(pngs) == 1 and pngs[0].stat().st_size > 10_000
 
@@ -163,86 +165,56 @@ def test_members_are_grouped_by_initialisation_and_gamma(tmp_path):
     lg = MemoryLogger()
     gammas = [0.3, 0.9, 0.0, 0.6]
     thetas = [0.0, 0.4, math.pi / 4]
-    cb = ForgettingProfile(every_n_steps=10_000, ode=False)
+    cb = Forgetting(every_n_steps=10_000, ode=False, figure=False)
     _, net, dm = fit(tmp_path, [cb], gamma=gammas, theta=thetas, steps=(200, 400), logger=lg)
-    r = cb.result
-    assert r["members"].shape == (3, 4)
+    prof = cb.result["profiles"]
+    assert list(prof) == ["theta=0", "theta=0.4", "theta=0.7854"]
     _, _, T = net.order_parameters(dm.W_teachers)
-    for i in range(3):
-        for j, g in enumerate(r["gammas"]):
-            e = r["members"][i, j]
-            assert float(T[e, 0, 1, 0, 0]) == pytest.approx(g, abs=1e-12)  # T^(1,2) = gamma ([S] Eq. 5)
-            theta = math.atan2(float(net.h_init[e, 0, 1]), float(net.h_init[e, 0, 0]))
-            assert theta == pytest.approx(thetas[i], abs=1e-6)
-            assert net.labels[e].startswith(r["init_labels"][i])
-            tag = f"forgetting_profile/{r['init_labels'][i]}/gamma={g:g}"
-            assert lg.metrics[tag][0][1] == pytest.approx(float(r["forgetting"][i, j]), abs=1e-6)
-    assert r["forgetting_ode"] is None and not any(k.startswith("forgetting_profile_ode") for k in lg.metrics)
-    assert np.allclose(member_grid(12, 4), np.arange(12).reshape(3, 4))
+    for group, p in prof.items():
+        assert list(p["x"]) == sorted(gammas)
+        for g, value in zip(p["x"], p["mean"]):
+            # the one member of this initialisation whose second teacher has overlap T^(1,2) = gamma ([S] Eq. 5)
+            e, = [e for e in range(net.ensemble) if abs(float(T[e, 0, 1, 0, 0]) - g) < 1e-12
+                  and abs(math.atan2(float(net.h_init[e, 0, 1]), float(net.h_init[e, 0, 0])) - p["params"]["theta"]) < 1e-6]
+            assert value == pytest.approx(float(cb.result["forgetting"][e]), abs=1e-12)
+            assert lg.metrics[f"forgetting_profile/{group}/gamma={g:g}"][0][1] == pytest.approx(value, abs=1e-6)
+    assert cb.result["profiles_ode"] is None and not any(k.startswith("forgetting_profile_ode") for k in lg.metrics)
 
 
 def test_grid_mode_draws_one_panel_per_initialisation(tmp_path):
     dm = TeacherStudent(d=40, gamma=[0.0, 1.0], switch_step=200, num_steps=400, steps_per_batch=200, seed=0)
     net = MultiHeadStudent(d=40, init_heads=Polar(r=1.0, theta=[0.0, math.pi / 16]),
                            init_later_heads=Polar(r=1.0, theta=[0.0, math.pi / 8, math.pi / 4]), grid=True)
-    cb = ForgettingProfile(every_n_steps=200, grid_rows="theta", grid_cols="theta2")
+    cb = Forgetting(every_n_steps=200, grid_rows="theta", grid_cols="theta2")
     pl.Trainer(max_epochs=1, logger=False, callbacks=[cb], enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(net, dm)
-    assert net.ensemble == 2 * 3 * 2 and len(cb.result["init_labels"]) == 6
-    assert cb.result["init_labels"][1] == "theta=0,theta2=0.3927"  # grid: theta2 varies fastest
+    assert net.ensemble == 2 * 3 * 2 and len(cb.result["profiles"]) == 6
+    assert list(cb.result["profiles"])[1] == "theta=0,theta2=0.3927"  # grid: theta2 varies fastest
     assert cb.result["png"].name == "forgetting_grid.png" and cb.result["png"].stat().st_size > 10_000
 
 
 def test_bad_setups_fail_before_training(tmp_path):
     with pytest.raises(ValueError, match="no task switch"):
         fit(tmp_path, [Forgetting()], n_tasks=1, gamma=(0.5,), steps=(None, 400))
-    with pytest.raises(ValueError, match="several"):
-        fit(tmp_path, [ForgettingProfile()], gamma=(0.5,))
-    with pytest.raises(ValueError, match="delta_alpha = 1.*chunk"):
+    with pytest.raises(ValueError, match="over = 'gamma' is not a parameter"):
+        fit(tmp_path, [Forgetting(over="gamma")], gamma=(0.5,))  # one similarity: no profile
+    with pytest.raises(ValueError, match="delta_alpha = 1.0 is not a batch end"):
         fit(tmp_path, [Forgetting(delta_alpha=1.0)])  # 60 steps after the switch: chunks are 200
-    with pytest.raises(ValueError, match="beyond the end"):
-        fit(tmp_path, [Forgetting(delta_alpha=1000 / 60)])
+    with pytest.raises(ValueError, match="delta_alpha = 16.* is not a batch end"):
+        fit(tmp_path, [Forgetting(delta_alpha=1000 / 60)])  # beyond the end
     with pytest.raises(ValueError, match="grid_cols = 'xi'"):
-        fit(tmp_path, [ForgettingProfile(grid_rows="theta", grid_cols="xi")])
-    with pytest.raises(ValueError, match="grid_rows"):
-        ForgettingProfile(grid_rows="theta")
-    with pytest.raises(ValueError, match="source"):
-        Forgetting(source="ode")
-    with pytest.raises(ValueError, match="delta_alpha"):
-        Forgetting(delta_alpha=-1.0)
-
-
-def test_profile_shape_tells_maslows_hammer_from_monotonic():
-    g = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    # THEORY.md's reference ODE numbers for a specialised student with a small second head on the idle unit
-    hammer = profile_shape(g, [0.09, 0.28, 0.23, 0.16, 0.09, 0.003])
-    assert hammer == {"peak_gamma": 0.2, "monotonic": False, "maslow": True, "flat": False}
-    mono = profile_shape(g, [0.375, 0.302, 0.229, 0.155, 0.079, 0.001])
-    assert mono == {"peak_gamma": 0.0, "monotonic": True, "maslow": False, "flat": False}
-    flat = profile_shape(g, [0.0, 0.001, 0.002, 0.004, 0.005, 0.003])  # a large head on the idle unit
-    assert flat["flat"] and flat["monotonic"] and not flat["maslow"]
-    # a wiggle below tol is flat; above it, it is a rise
-    assert profile_shape(g, [0.3, 0.305, 0.2, 0.1, 0.05, 0.0])["monotonic"]
-    assert not profile_shape(g, [0.3, 0.305, 0.2, 0.1, 0.05, 0.0], tol=0.001)["monotonic"]
-    # order of the input does not matter; a profile that rises to the last gamma is neither
-    assert profile_shape(g[::-1], [0.003, 0.09, 0.16, 0.23, 0.28, 0.09])["maslow"]
-    rising = profile_shape(g, [0.0, 0.01, 0.03, 0.05, 0.08, 0.1])
-    assert not rising["maslow"] and not rising["monotonic"] and rising["peak_gamma"] == 1.0
-    with pytest.raises(ValueError, match="profile_shape"):
-        profile_shape([0.0], [0.1])
-
-
-def test_angle_text():
-    assert [angle_text(k * math.pi / 16) for k in (0, 1, 4, 8, 12, 16)] == ["0", "pi/16", "pi/4", "pi/2", "3pi/4", "pi"]
-    assert angle_text(0.3927) == "pi/8"  # labels carry 4 significant digits
-    assert angle_text(0.3) == "0.3"
-    assert pretty_label("theta=0.7854,r2=0.01,theta2=1.571") == "theta=pi/4, r2=0.01, theta2=pi/2"
+        fit(tmp_path, [Forgetting(grid_rows="theta", grid_cols="xi")])
+    for kw, name in ((dict(grid_rows="theta"), "grid_cols"), (dict(source="ode"), "source"),
+                     (dict(delta_alpha=-1.0), "delta_alpha"), (dict(tol=-1), "tol"), (dict(unit="epochs"), "unit")):
+        with pytest.raises(ValueError, match=f"Forgetting: {name} = "):
+            Forgetting(**kw)
 
 
 def test_switch_errors_survive_a_checkpoint():
     cb = Forgetting()
-    cb.switch_errors = {0: torch.ones(2, 2)}
-    cb.delta_errors = torch.zeros(2, 2)
+    cb.history["switch_errors"] = [torch.ones(2, 2)]
+    cb.history["delta_errors"] = [torch.zeros(2, 2)]
     again = Forgetting()
     again.load_state_dict(cb.state_dict())
-    assert torch.equal(again.switch_errors[0], torch.ones(2, 2)) and torch.equal(again.delta_errors, torch.zeros(2, 2))
+    assert torch.equal(again.history["switch_errors"][0], torch.ones(2, 2))
+    assert torch.equal(again.delta_errors, torch.zeros(2, 2))

@@ -376,3 +376,44 @@ def test_ode_matches_online_sgd_through_a_task_switch() -> None:
     i = tr.i_switch[0]
     assert ode_eps[i, 0] < 0.1 * ode_eps[0, 0] and ode_eps[-1, 1] < 0.1 * ode_eps[i, 1]
     assert ode_eps[-1, 0] > 2 * ode_eps[i, 0]
+
+
+# --------------------------------------------------------------------------------------------
+# one validity rule, and the student's set-up
+# --------------------------------------------------------------------------------------------
+def test_ode_caveats_name_what_the_ode_does_not_model() -> None:
+    from types import SimpleNamespace
+
+    from zoo.theory.meanfield import RELU_SMALL_ETA, ode_caveats
+
+    online = SimpleNamespace(activation="erf", batch_size=1, num_samples=None, noise_std=0.0)
+    assert ode_caveats("erf", 1.0, online) == [] and ode_caveats("linear", 3.0) == []  # exact at any eta
+    assert ode_caveats("relu", RELU_SMALL_ETA, SimpleNamespace(activation="relu")) == []
+    assert "small-eta" in ode_caveats("relu", 2 * RELU_SMALL_ETA, SimpleNamespace(activation="relu"))[0]
+    assert "no mean-field theory" in ode_caveats("sigmoid", 0.001)[0]
+    bad = SimpleNamespace(activation="relu", batch_size=8, num_samples=100, noise_std=0.1)
+    reasons = ode_caveats("erf", 1.0, bad, ewc=True)
+    assert len(reasons) == 5 and all(any(w in r for r in reasons) for w in ("teacher", "minibatch", "pool", "noise", "EWC"))
+
+
+def test_student_mean_field_is_integrate_from_its_initial_order_parameters() -> None:
+    """MultiHeadStudent.mean_field equals integrate() fed with order parameters computed here."""
+    from zoo import MultiHeadStudent
+    from zoo.init import Polar
+
+    d, g = 40, 0.5
+    net = MultiHeadStudent(d=d, init_heads=Polar(r=1.0, theta=[0.0, math.pi / 8, math.pi / 4]), seed=2)
+    gen = torch.Generator().manual_seed(0)
+    W1 = torch.randn(1, d, generator=gen, dtype=DT)
+    WT = torch.stack([W1, g * W1 + math.sqrt(1 - g * g) * torch.randn(1, d, generator=gen, dtype=DT)])  # (2, 1, d)
+    hT = torch.ones(2, 1, dtype=DT)
+    tr = net.mean_field(WT, hT, [2.0, 9.0], 3.0, d_alpha=0.01, record_at=(1.3,), members=2)  # 9.0 is after the end
+    W0 = net.W_init[1].double()
+    Q0, R0, T = W0 @ W0.T / d, torch.einsum("id,tnd->tin", W0, WT) / d, torch.einsum("tnd,smd->tsnm", WT, WT) / d
+    ref = integrate(Q0, R0, T, net.h_init[1].double(), hT, activation="erf", eta=1.0, alpha_switch=2.0,
+                    alpha_end=3.0, d_alpha=0.01, record_every=0.1)
+    assert tr.eps.shape[0] == 2 and tr.alpha_switch == ref.alpha_switch
+    i = tr.index(1.3)
+    assert float(tr.alpha[i]) == pytest.approx(1.3)  # recorded exactly at the asked time
+    assert torch.allclose(tr.eps[1, i], ref.eps[0, ref.index(1.3)], rtol=0, atol=1e-12)
+    assert torch.allclose(tr.eps[1, -1], ref.eps[0, -1], rtol=0, atol=1e-12)

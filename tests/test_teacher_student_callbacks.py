@@ -16,6 +16,9 @@ from zoo.init import Gaussian, Polar
 from tests.conftest import quiet_trainer
 from zoo.theory.meanfield import integrate
 
+# tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 THETAS = [0.0, math.pi / 4]  # one active unit / two identical units ([S] Sec. 4.2, polar heads)
 LABELS = ["theta=0", "theta=0.7854"]
 
@@ -43,15 +46,15 @@ def steps_of(acc, tag):
 
 
 class WeightsAt(pl.Callback):
-    """Records the weights after given SGD steps (an independent view of the run)."""
+    """Records the weights after given SGD steps (samples; an independent view of the run)."""
 
     def __init__(self, steps):
         self.steps, self.W, self.h = set(steps), {}, {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step in self.steps:
-            self.W[trainer.global_step] = pl_module.W.detach().double().clone()
-            self.h[trainer.global_step] = pl_module.h.detach().double().clone()
+        if pl_module.samples_seen in self.steps:
+            self.W[pl_module.samples_seen] = pl_module.W.detach().double().clone()
+            self.h[pl_module.samples_seen] = pl_module.h.detach().double().clone()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,10 +227,10 @@ def test_theory_overlay_rejects_sigmoid_and_warns_where_the_ode_is_not_exact(tmp
     with pytest.raises(ValueError, match="sigmoid"):
         fit(tmp_path / "a", [TheoryOverlay(every_n_steps=100)], d=20, num_steps=200, switch_step=100,
             activation="sigmoid", logger=False)
-    with pytest.warns(UserWarning, match="differs from the teacher"):
+    with pytest.warns(UserWarning, match="teacher's activation"):
         fit(tmp_path / "b", [TheoryOverlay(every_n_steps=100, figure=False)], d=20, num_steps=200, switch_step=100,
             activation="erf", teacher_activation="relu", logger=False)
-    with pytest.warns(UserWarning, match="small-learning-rate"):
+    with pytest.warns(UserWarning, match="small-eta limit"):
         fit(tmp_path / "c", [TheoryOverlay(every_n_steps=100, figure=False)], d=20, num_steps=200, switch_step=100,
             activation="relu", eta=0.5, logger=False)
 

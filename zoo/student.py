@@ -451,3 +451,17 @@ class MultiHeadStudent(MultiHeadModule):
                 g.mul_(df)
             h.sub_((dl * f).sum(0), alpha=c_head)
         W.addmm_(Gb.T, Xb, alpha=-c_W)
+
+    def mean_field(self, W_teachers: Tensor, teacher_heads: Tensor, alpha_switch: list[float], alpha_end: float,
+                   d_alpha: float = 0.01, record_at: tuple[float, ...] = (), record_every: float | None = None,
+                   members: int | None = None):
+        """The mean-field ODE ([S] App. C, Eqs. 20-22) of this ensemble's first ``members`` members,
+        started from their own initial order parameters and heads, with this student's activation
+        and ``eta`` (:func:`zoo.theory.meanfield.student_mean_field`; whether it describes the run:
+        :func:`zoo.theory.meanfield.ode_caveats`). Returns a ``MeanFieldTrajectory``."""
+        from zoo.theory.meanfield import student_mean_field
+
+        return student_mean_field(
+            *self.order_parameters(W_teachers, initial=True), self.h_init, self.member_teacher_heads(teacher_heads),
+            activation=self.activation_name, eta=self.eta, alpha_switch=alpha_switch, alpha_end=alpha_end, d_alpha=d_alpha,
+            record_at=record_at, record_every=record_every, members=members)

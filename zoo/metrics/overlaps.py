@@ -32,7 +32,7 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
-__all__ = ["order_parameters", "entropies", "forgetting", "transfer"]
+__all__ = ["order_parameters", "entropies", "max_entropy", "forgetting", "transfer"]
 
 Teachers = Union[Tensor, Sequence[Tensor]]
 
@@ -125,6 +125,14 @@ def entropies(Q: Tensor, h: Tensor) -> dict[str, Tensor]:
         "H_Q": -_plogp(q).sum(-1),
         "H_m": -_plogp(q * a).sum(-1),
     }
+
+
+def max_entropy(name: str, p: int) -> float:
+    """Upper end of an entropy of [S] Eq. 10 with ``p`` units (identical units): ``log p`` for
+    ``H_h`` and ``H_Q``, ``(2/p) log p`` for ``H_m``; ``log 2`` for all three at ``p = 2``."""
+    import math
+
+    return (2.0 / p) * math.log(p) if name == "H_m" else math.log(p)
 
 
 def forgetting(eps1: Tensor, i_switch: int, delta: int) -> Tensor:

@@ -661,3 +661,66 @@ def _integrate(Q0, R0, T, heads0, teacher_heads, activation, eta, alpha_switch, 
         alpha_switch=[s * d_alpha for s in switch_steps],
         eta2_term=eta2, activation=activation,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# the ODE of a student ensemble, and when it describes a run
+# ------------------------------------------------------------------------------------------------
+RELU_SMALL_ETA = 0.01
+"""The largest learning rate at which the ReLU ODE is trusted. It drops the ``eta^2 I4`` term of
+dQ/dalpha ([S] Eq. 20; no closed form), a relative error of order ``eta`` in the rates that
+accumulates in time, and the error curves are what it is compared with. Measured (d = 1000,
+p = 2, p* = 1, sigma_w = 1e-3, theta = pi/32, one stream), the simulated error exceeded the ODE's
+at ``eta alpha = 1`` by 17 % (eta = 0.1), 7 % (0.03) and 1.4 % (0.01), and at ``eta alpha = 3`` by
+150 %, 27 % and 9 %: only at 0.01 is the gap of the size of one run's finite-d fluctuations
+(~5 % at d = 1000). Final entropies are less sensitive (mean |H_m(sim) - H_m(ODE)| 0.003 at
+eta = 0.1 on the fig5 ReLU grid), but one rule serves every comparison."""
+
+
+def ode_caveats(activation: str, eta: float, data: object = None, ewc: bool = False) -> list[str]:
+    """Why the mean-field ODE ([S] Eqs. 20-22) does not describe a run; empty when it does.
+
+    The ODE is exact as ``d -> infinity`` for online SGD (one fresh, noiseless sample per step)
+    with one ``phi`` for teacher and student and no penalty: erf and linear at any ``eta``, ReLU in
+    its small-learning-rate limit (``eta <= RELU_SMALL_ETA``); sigmoid has no closed-form averages.
+    ``data`` is read duck-typed (a ``datamodules.TeacherStudent``: ``activation``, ``batch_size``,
+    ``num_samples``, ``noise_std``).
+    """
+    if activation not in ACTIVATIONS:
+        return [f"activation {activation!r} has no mean-field theory (allowed: {', '.join(ACTIVATIONS)})"]
+    checks = (
+        (activation == "relu" and eta > RELU_SMALL_ETA,
+         f"eta = {eta:g} with ReLU, whose ODE is the small-eta limit (no eta^2 term): trusted for eta <= {RELU_SMALL_ETA:g}"),
+        (getattr(data, "activation", activation) != activation,
+         f"the teacher's activation ({getattr(data, 'activation', '')}) differs from the student's ({activation})"),
+        (getattr(data, "batch_size", 1) != 1, "minibatches (batch_size > 1)"),
+        (getattr(data, "num_samples", None) is not None, "a finite training pool (num_samples)"),
+        (getattr(data, "noise_std", 0.0) > 0, "label noise (noise_std > 0)"),
+        (ewc, "an EWC penalty"),
+    )
+    return [why for bad, why in checks if bad]
+
+
+def student_mean_field(
+    Q0: Tensor, R0: Tensor, T: Tensor, heads0: Tensor, teacher_heads: Tensor, *, activation: str, eta: float,
+    alpha_switch: Sequence[float], alpha_end: float, d_alpha: float = 0.01,
+    record_at: Sequence[float] = (), record_every: Optional[float] = None, members: Optional[int] = None,
+) -> MeanFieldTrajectory:
+    """:func:`integrate` from a student ensemble's initial order parameters (``Q0, R0, T`` of
+    ``MultiHeadStudent.order_parameters(initial=True)``, its initial heads and its teachers' heads),
+    for its first ``members`` members, on the CPU in float64.
+
+    Only the tasks that start before ``alpha_end`` are integrated (a later task's head and ``R`` do
+    not act on ``W``). Records every ``record_every`` (default ``d_alpha``) on a grid that holds
+    each time in ``record_at`` exactly (the start, the switches and the end always are).
+    """
+    cut = slice(None) if members is None else slice(0, members)
+    switches = [float(a) for a in alpha_switch if a < alpha_end]
+    k = len(switches) + 1
+    Q0, R0, T, heads0, teacher_heads = (x[cut].detach().double().cpu() for x in (Q0, R0, T, heads0, teacher_heads))
+    every = d_alpha if record_every is None else max(float(record_every), d_alpha)
+    stride = max(1, int(round(every / d_alpha)))
+    for a in record_at:
+        stride = math.gcd(stride, int(round(a / d_alpha)))
+    return integrate(Q0, R0[:, :k], T[:, :k, :k], heads0[:, :k], teacher_heads[:, :k], activation=activation, eta=eta,
+                     alpha_switch=switches, alpha_end=alpha_end, d_alpha=d_alpha, record_every=stride * d_alpha)
