@@ -11,7 +11,7 @@ import torch
 
 from datamodules.mnist import MNISTContinual
 
-from tests.helpers_mnist import SHARED_RAW, TEST_PER_DIGIT, TRAIN_PER_DIGIT, idx_bytes, tiny_mnist, trace  # noqa: F401 (re-exported)
+from tests.helpers_mnist import SHARED_RAW, TEST_PER_DIGIT, TRAIN_PER_DIGIT, idx_bytes, tiny_mnist, trace  # noqa: F401
 
 
 @pytest.fixture

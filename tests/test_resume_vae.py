@@ -17,7 +17,7 @@ import pytest
 import torch
 from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed, weights
 
-from tests.test_mnist_continual import SHARED_RAW
+from tests.helpers_mnist import SHARED_RAW
 
 RECIPES = REPO / "recipes" / "specialisation"
 slow = pytest.mark.slow

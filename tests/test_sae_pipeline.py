@@ -8,7 +8,7 @@ import torch
 from datamodules.latents import Latents
 from datamodules.mnist_images import MNISTImages
 from tests.conftest import quiet_trainer
-from tests.test_mnist_continual import TEST_PER_DIGIT, TRAIN_PER_DIGIT, tiny_mnist, trace
+from tests.helpers_mnist import TEST_PER_DIGIT, TRAIN_PER_DIGIT, tiny_mnist, trace
 from zoo.init import Gaussian, Imbalance
 from zoo.sae import SparseAutoencoder
 from zoo.vae import BetaVAE

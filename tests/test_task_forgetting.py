@@ -17,10 +17,7 @@ from tests.conftest import quiet_trainer
 from zoo.classifier import MultiHeadClassifier
 from zoo.init import EntropyMix, Gaussian
 
-try:
-    from tests.helpers_mnist import tiny_mnist
-except ImportError:  # until the multihead branch moves it out of the test module
-    from tests.test_mnist_continual import tiny_mnist
+from tests.helpers_mnist import tiny_mnist
 
 # tiny networks: one intra-op thread (conftest.one_thread); on a loaded CPU a second one waits for a core
 pytestmark = pytest.mark.usefixtures("one_thread")
