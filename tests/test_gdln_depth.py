@@ -138,7 +138,7 @@ def test_stereotypical_loss_callback_on_a_tiny_comparison(tmp_path):
     from callbacks.gdln import LossCurves
 
     curves, cb = LossCurves(every_n_epochs=5, predict=False), StereotypicalLoss()
-    trainer = pl.Trainer(max_steps=4, max_epochs=-1, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
+    trainer = pl.Trainer(max_steps=20, max_epochs=-1, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
                          callbacks=[curves, cb], enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu")
     trainer.fit(module, datamodule=dm)
