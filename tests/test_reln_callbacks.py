@@ -87,11 +87,11 @@ def test_hidden_mds_of_a_two_unit_layer_is_exact(tmp_path):
     relu = ReLUNet(hidden=[2], ensemble=1, init=Gaussian(sigma=0.5), lr=1e-3, seed=2)
     gdln = GDLN(gating="reln", n_hidden=5, ensemble=1, init=Gaussian(sigma=0.1))
     model = Comparison([relu, gdln], names=["ReLU", "ReLN"], epochs_per_step=10)
-    cb = HiddenMDS(every_n_steps=1, model="ReLU")
+    cb = HiddenMDS(every_n_steps=10, model="ReLU")  # epochs
     trainer = quiet_trainer(tmp_path, [cb], existing=("hidden_mds.png",))
     trainer.fit(model, datamodule=dm)
     assert [e for e, _ in cb.records] == [0, 10, 20, 30]
-    D = reln.pairwise_distances(cb.hidden(dm.X))[0]
+    D = reln.pairwise_distances(relu.hidden_activity(dm.X)[-1])[0]
     coords = cb.records[-1][1]
     assert torch.allclose(reln.pairwise_distances(coords), D, atol=1e-5 * float(D.max()))
     folder = tmp_path / "tb" / "version_0"

@@ -38,6 +38,7 @@ from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
+from zoo.theory import gdln as theory
 from zoo.theory.gdln import Gating, common_limit
 
 
@@ -180,6 +181,19 @@ class FullBatchNet(Progress, pl.LightningModule):
     def tau(self, N: int) -> float:
         """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
         return 1.0 / (self.lr * (N if self.reduction == "sum" else 1))
+
+    def networks(self) -> dict[str, "FullBatchNet"]:
+        """name -> network trained by this module (itself; a ``Comparison``: its models)."""
+        return {type(self).__name__: self}
+
+    def predicted_loss(self, X: Tensor, Y: Tensor, epochs: int, record_every: int = 10) -> tuple[Tensor, Tensor] | None:
+        """The theory's loss curve in this module's loss units, (epochs (T,), loss (T, E')), or None
+        where there is none (a ReLU net's theory is its ReLN's)."""
+        return None
+
+    def closed_form_loss(self, datamodule, steps: Tensor) -> tuple[Tensor, Tensor] | None:
+        """A closed-form loss curve at ``steps`` for this network on ``datamodule``, or None."""
+        return None
 
     def _gates(self, pre: Tensor, layer: int) -> Tensor:
         """The gates of hidden layer ``layer`` given its pre-activations (E, N, H)."""
@@ -501,6 +515,38 @@ class GDLN(FullBatchNet):
         return torch.cat([errs[0] @ W_out[..., :c], errs[1] @ W_out[..., c:]], -1)
 
     # -- analytic quantities --------------------------------------------------------------------
+    def predicted_loss(self, X: Tensor, Y: Tensor, epochs: int, record_every: int = 10) -> tuple[Tensor, Tensor] | None:
+        """On one dataset: the neural race ([H] Eq. 6, ``zoo.theory.gdln.race_trajectory``) from each
+        pathway's initial strength. On the XoR-margin ensemble (X (E, 4, 3)): the closed forms of
+        [H] App. C per member (gatings 'linear' and 'xor' only)."""
+        if self.gating is None:
+            return None
+        N = X.shape[-2]
+        unit = N if self.reduction == "sum" else 1.0
+        if X.dim() == 3:
+            if self.gating_name not in ("linear", "xor"):
+                return None
+            t = torch.arange(0, epochs + 1, record_every, dtype=torch.float64)
+            loss = theory.xor_loss(t[:, None], X[:, 0, 2].abs().double()[None, :], self.gating_name, tau=self.tau(N),
+                                   a0=self.initial_mode_strength())
+            return t, unit * loss
+        steps, _, loss = theory.race_trajectory(X, Y, self.gating, epochs, tau=self.tau(N), a0=self.pathway_a0(),
+                                                training=self.training_mode, record_every=record_every)
+        return steps.double(), unit * loss[:, None]
+
+    def closed_form_loss(self, datamodule, steps: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The corrected closed form of [H] App. F-G (m = C - 1) for a ReLN on the symmetric task,
+        or None. Only with ``training='residual'``: the closed form solves that scheme (the context
+        pathways learn the fixed residual from the start); a jointly trained ReLN learns faster."""
+        if not (self.gating_name == "reln" and self.training_mode == "residual"
+                and getattr(datamodule, "structure", "") == "same"):
+            return None
+        X, Y = datamodule.X, datamodule.Y
+        a0, common = self.pathway_a0(), self.gating.common
+        _, loss = theory.contexts_closed_form(X, Y, self.gating, steps, tau=self.tau(X.shape[0]),
+                                              a0=float(a0[common].mean()), a0_context=float(a0[~common].mean()))
+        return steps, (X.shape[0] if self.reduction == "sum" else 1.0) * loss[:, None]
+
     def pathway_maps(self) -> Tensor:
         """Each pathway's network map ``W2_p diag(M_p) W1_p`` (E, P, n_out, n_in) (its gate not applied)."""
         W1 = (self.W[0].detach() * self._input_mask())
@@ -592,6 +638,17 @@ class ReLUNet(FullBatchNet):
             return delta * gates
         return torch.ops.aten.threshold_backward(delta, h, 0.0)
 
+    def first_layer_on(self, X: Tensor) -> tuple[float, float]:
+        """How linear a two-hidden-layer net's first layer is ([H] Sec. 6: "all neurons are active
+        for all datapoints"): the fraction of first-layer units on per data point, each unit
+        weighted by its path strength ``|W0_j| |W1_{:, j}|`` (units still at their small random init
+        compute nothing and are half on by chance). Returns (mean, min) over points and members."""
+        on = self.activation_patterns(X)[0].double()  # (E, N, H)
+        W0, W1 = self.W[0].detach().double(), self.W[1].detach().double()
+        weight = W0.norm(dim=-1) * W1.norm(dim=-2)  # (E, H)
+        frac = (on * weight[:, None, :]).sum(-1) / weight.sum(-1, keepdim=True)  # (E, N)
+        return float(frac.mean()), float(frac.min())
+
     def activation_patterns(self, x: Tensor) -> list[Tensor]:
         """Binary activation pattern of every hidden unit over the data points, one (E, N, H) bool
         tensor per hidden layer ([H] App. B: the rows k-means clusters into gates)."""
@@ -668,6 +725,9 @@ class Comparison(Progress, pl.LightningModule):
     def epochs_done(self) -> int:
         """Full-batch GD updates so far, = ``global_step``."""
         return self.global_step
+
+    def networks(self) -> dict[str, FullBatchNet]:
+        return dict(zip(self.names, self.models))
 
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule

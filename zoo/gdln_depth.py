@@ -99,4 +99,4 @@ class DepthGDLN(GDLN):
             "DepthGDLN: the neural race of [H] Eq. 6 (zoo.theory.gdln.race_trajectory) is for two-layer "
             "pathways; a DepthGDLN pathway has three layers with a shared first one, and no race or closed "
             "form is implemented for it. Use callbacks.gdln.LossCurves with predict: false (and no "
-            "callbacks.gdln.PathwaySingularValues); callbacks.depth.StereotypicalLoss draws the runs.")
+            "callbacks.gdln.PathwaySingularValues); callbacks.gdln.StereotypicalLoss draws the runs.")
