@@ -1,9 +1,8 @@
 """Callbacks for GDLNs and ReLU nets ([H]): every epoch's loss beside the theory, pathway singular
 values, the XoR learning times of [H] Fig. 2d-e and the stereotypical runs of Fig. 6b.
 
-They read ``epoch_loss`` from the step outputs of ``zoo.gdln`` modules ((epochs, E), or a dict
-name -> tensor for a ``Comparison``). The theory is the networks' own (``predicted_loss``,
-``closed_form_loss``, ``zoo.theory.gdln``); figures are ``zoo.plots.gdln``'s.
+They read ``epoch_loss`` (name -> (epochs, E)) from the step outputs of ``zoo.gdln`` modules. The
+theory is the networks' own (``predicted_loss``, ...), the figures ``zoo.plots.gdln``'s.
 """
 from __future__ import annotations
 
@@ -13,10 +12,16 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import PeriodicCallback, log_figure, log_scalars, overlay_charts, resuming
-from zoo.analysis.gdln import run_summary
+from callbacks.base import HistoryCallback, log_figure, log_scalars, overlay_charts, resuming
+from zoo.analysis.gdln import run_summary, xor_times, xor_trajectories
 from zoo.plots import gdln as plots
 from zoo.theory import gdln as theory
+
+
+def _fractions(owner: str, fractions: list[float]) -> list[float]:
+    if not fractions or any(not 0 < f < 1 for f in fractions):
+        raise ValueError(f"{owner}: fractions = {fractions}; allowed: numbers in (0, 1)")
+    return list(fractions)
 
 
 def _total_epochs(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
@@ -58,9 +63,8 @@ class EpochLosses(pl.Callback):
         self.curves = {name: self.curves.get(name, []) for name in names}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.record is self:
-            for name, l in _by_name(self.curves, outputs).items():
-                self.curves[name].append(l.detach().double().cpu())
+        for name, l in outputs["epoch_loss"].items() if self.record is self else ():
+            self.curves[name].append(l.detach().double().cpu())
 
     def recorded(self) -> list[str]:
         """The models with at least one recorded epoch."""
@@ -70,11 +74,6 @@ class EpochLosses(pl.Callback):
         """Epochs (T,) and every epoch's loss (T, E) of model ``name`` so far."""
         L = torch.cat(self.record.curves[name])
         return torch.arange(L.shape[0], dtype=torch.float64), L
-
-
-def _by_name(curves: dict, outputs: dict) -> dict[str, Tensor]:
-    losses = outputs["epoch_loss"]
-    return losses if isinstance(losses, dict) else {next(iter(curves)): losses}
 
 
 class LossCurves(EpochLosses):
@@ -98,12 +97,9 @@ class LossCurves(EpochLosses):
                  log_y: bool = True, closed_form: bool = False) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"LossCurves: every_n_epochs = {every_n_epochs}; allowed: a positive integer")
-        if not fractions or any(not 0 < f < 1 for f in fractions):
-            raise ValueError(f"LossCurves: fractions = {fractions}; allowed: numbers in (0, 1)")
         super().__init__()
-        self.every_n_epochs, self.fractions, self.predict, self.log_y = every_n_epochs, list(fractions), predict, log_y
-        self.closed_form = closed_form
-        self.predictions: dict[str, tuple[Tensor, Tensor]] = {}
+        self.every_n_epochs, self.fractions, self.predict = every_n_epochs, _fractions("LossCurves", fractions), predict
+        self.log_y, self.closed_form, self.predictions = log_y, closed_form, {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -124,7 +120,7 @@ class LossCurves(EpochLosses):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         first = outputs["first_epoch"]
-        for name, l in _by_name(self.curves, outputs).items():
+        for name, l in outputs["epoch_loss"].items():
             for k in (k for k in range(l.shape[0]) if (first + k) % self.every_n_epochs == 0):
                 metrics = {f"loss_curve/{name}": float(l[k].mean())}
                 for key, tag in ((name, f"{name}_predicted"), (f"{name}_closed_form", f"{name}_closed_form")):
@@ -156,78 +152,54 @@ class LossCurves(EpochLosses):
         log_figure(trainer, "loss_curves", fig, png="loss_curves.png")
 
 
-class PathwaySingularValues(PeriodicCallback):
+class PathwaySingularValues(HistoryCallback):
     """Each GDLN pathway's map projected on the modes of its effective dataset ([H] Eq. 5: the B of
-    Eq. 6) beside the race's prediction. TensorBoard ``pathway_sv/<model>/<pathway>/mode<k>`` and
-    ``..._predicted`` (member mean); PNG ``pathway_singular_values_<model>.png`` at the end.
-
-    Args:
-        every_n_steps: epochs (GD updates) between records.
-        n_modes: modes per pathway.
-    """
+    Eq. 6) every ``every_n_steps`` epochs, beside the race (``GDLN.predicted_pathway_strengths``):
+    TensorBoard ``pathway_sv/<model>/<pathway>/mode<k>`` and ``..._predicted`` (member mean); PNG
+    ``pathway_singular_values_<model>.png`` at the end. ``n_modes``: modes per pathway."""
 
     unit = "epochs"
+    HISTORY_KEYS = ("epochs", "sv")
 
     def __init__(self, every_n_steps: int = 100, n_modes: int = 3) -> None:
         super().__init__(every_n_steps)
         if n_modes < 1:
             raise ValueError(f"PathwaySingularValues: n_modes = {n_modes}; allowed: a positive integer")
         self.n_modes = n_modes
-        self.history: dict[str, list] = {}
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":  # a fresh record per fit; a checkpoint's is loaded after this
-            self.history = {}
-
-    def state_dict(self) -> dict:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.history = state_dict["history"]
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        # the resumed run's TensorBoard starts at this epoch (zoo.gdln.save_log_step): log again
-        # what was recorded here before the checkpoint
-        for name, m in self.gdlns.items() if resuming(trainer) else ():
-            if self.history[name] and self.history[name][-1][0] == pl_module.epochs_done:
-                self._log(trainer, name, m, *self.history[name][-1])
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
         if dm.X.dim() != 2:
             raise ValueError("PathwaySingularValues: needs one dataset (not an ensemble over data, e.g. a Delta list)")
-        self.gdlns = {n: m for n, m in pl_module.networks().items() if callable(getattr(m, "pathway_singular_values", None))}
+        self.gdlns = {n: m for n, m in pl_module.networks().items() if hasattr(m, "predicted_pathway_strengths")}
         if not self.gdlns:
             raise TypeError("PathwaySingularValues needs a GDLN (or a Comparison holding one)")
-        self.modes, self.race = {}, {}
-        self.history = {n: self.history.get(n, []) for n in self.gdlns}
-        for name, m in self.gdlns.items():
-            U, V = theory.pathway_mode_matrices(theory.effective_datasets(dm.X, dm.Y, m.gating)[0], self.n_modes)
-            self.modes[name] = (U, V)
-            t, maps, _ = theory.race_trajectory(dm.X, dm.Y, m.gating, _total_epochs(trainer, pl_module),
-                                                tau=m.tau(dm.X.shape[0]), a0=m.pathway_a0(), training=m.training_mode,
-                                                record_every=self.every_n_steps)
-            self.race[name] = (t, torch.einsum("pok,tpoi,pik->tpk", U, maps, V))
+        self.race = {n: m.predicted_pathway_strengths(dm.X, dm.Y, _total_epochs(trainer, pl_module), self.n_modes,
+                                                      self.every_n_steps) for n, m in self.gdlns.items()}
+        # the resumed run's TensorBoard starts at this epoch (zoo.gdln.save_log_step): log again
+        # what was recorded here before the checkpoint
+        if resuming(trainer) and self.history["epochs"] and self.history["epochs"][-1] == self.now:
+            self._log(trainer, self.now, self.history["sv"][-1])
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
-        for name, m in self.gdlns.items():
-            sv = m.pathway_singular_values(*self.modes[name]).mean(0).cpu()  # (P, k)
-            self.history[name].append((pl_module.epochs_done, sv))
-            self._log(trainer, name, m, pl_module.epochs_done, sv)
+        sv = {n: m.pathway_singular_values(*self.race[n][:2]).mean(0).cpu() for n, m in self.gdlns.items()}  # (P, k)
+        self.history["epochs"].append(self.now)
+        self.history["sv"].append(sv)
+        self._log(trainer, self.now, sv)
 
-    def _log(self, trainer: pl.Trainer, name: str, m, epoch: int, sv: Tensor) -> None:
-        t, pred = self.race[name]
-        i = int(torch.searchsorted(t, torch.tensor(epoch)).clamp(max=len(t) - 1))
-        self.log_scalars(trainer, {f"pathway_sv/{name}/{p}/mode{k}{tag}": float(v[j, k])
-                                   for j, p in enumerate(m.gating.names) for k in range(self.n_modes)
-                                   for tag, v in (("", sv), ("_predicted", pred[i]))}, step=epoch)
+    def _log(self, trainer: pl.Trainer, epoch: int, sv: dict[str, Tensor]) -> None:
+        for name, m in self.gdlns.items():
+            t, pred = self.race[name][2:]
+            i = int(torch.searchsorted(t, torch.tensor(epoch)).clamp(max=len(t) - 1))
+            self.log_scalars(trainer, {f"pathway_sv/{name}/{p}/mode{k}{tag}": float(v[j, k])
+                                       for j, p in enumerate(m.gating.names) for k in range(self.n_modes)
+                                       for tag, v in (("", sv[name]), ("_predicted", pred[i]))}, step=epoch)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for name, m in self.gdlns.items() if trainer.is_global_zero and self.history else ():
-            epochs = torch.tensor([e for e, _ in self.history[name]]).numpy()
-            sv = torch.stack([s for _, s in self.history[name]]).numpy()
-            fig = plots.pathway_singular_values(epochs, sv, *self.race[name], m.gating.names, name)
+        for name, m in self.gdlns.items() if trainer.is_global_zero and self.history["sv"] else ():
+            sv = torch.stack([s[name] for s in self.history["sv"]]).numpy()
+            fig = plots.pathway_singular_values(torch.tensor(self.history["epochs"]).numpy(), sv, *self.race[name][2:],
+                                                m.gating.names, name)
             log_figure(trainer, f"pathway_singular_values/{name}", fig, png=f"pathway_singular_values_{name}.png")
 
 
@@ -247,34 +219,25 @@ class XorLearningTimes(pl.Callback):
             raise ValueError(f"XorLearningTimes: trajectory_deltas = {trajectory_deltas}; allowed: margins >= 0")
         self.criterion, self.trajectory_deltas = criterion, list(trajectory_deltas)
 
-    def _setting(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
+    def _setting(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[dict, Tensor, dict]:
         curves = next((c for c in trainer.callbacks if isinstance(c, LossCurves)), None)
         if curves is None:
             raise TypeError("XorLearningTimes needs a callbacks.gdln.LossCurves in the same Trainer")
         nets = pl_module.networks()
         m0 = next(iter(nets.values()))
         a0 = next((m.initial_mode_strength() for m in nets.values() if hasattr(m, "initial_mode_strength")), 1e-6)
-        return curves, nets, m0.tau(4), a0, 4.0 if m0.reduction == "sum" else 1.0  # closed forms: mean over 4 points
+        theory_kw = dict(tau=m0.tau(4), a0=a0, unit=4.0 if m0.reduction == "sum" else 1.0)  # closed forms: mean loss
+        return {name: curves.curve(name) for name in nets}, trainer.datamodule.deltas, theory_kw
 
     def trajectories(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[dict]:
-        """[H] Fig. 2e data, one dict per requested margin: the member nearest it (``member``, its
-        ``Delta``), the steps ``t``, each network's loss (``simulated``: name -> (T,)) and the closed
-        forms (``closed_form``: 'linear'/'xor' -> (T,)), all in the networks' loss units."""
-        curves, nets, tau, a0, unit = self._setting(trainer, pl_module)
-        deltas, t = trainer.datamodule.deltas.double(), curves.curve(next(iter(nets)))[0]
-        return [{"member": e, "Delta": float(deltas[e]), "t": t,
-                 "simulated": {name: curves.curve(name)[1][:, e] for name in nets},
-                 "closed_form": {k: unit * theory.xor_loss(t, deltas[e], k, tau=tau, a0=a0) for k in ("linear", "xor")}}
-                for e in sorted({int((deltas - d).abs().argmin()) for d in self.trajectory_deltas})]
+        """[H] Fig. 2e data (``zoo.analysis.gdln.xor_trajectories``)."""
+        curves, deltas, kw = self._setting(trainer, pl_module)
+        return xor_trajectories(curves, deltas, self.trajectory_deltas, **kw)
 
     def times(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[Tensor, dict[str, Tensor]]:
         """Deltas (E,) and time to the criterion per model, simulated and closed form."""
-        curves, nets, tau, a0, unit = self._setting(trainer, pl_module)
-        deltas = trainer.datamodule.deltas
-        out = {name: theory.time_to_loss(*curves.curve(name), self.criterion * unit) for name in nets}
-        for kind in ("linear", "xor"):
-            out[f"closed_form_{kind}"] = theory.xor_time_to_loss(deltas, kind, tau=tau, a0=a0, criterion=self.criterion)
-        return deltas, out
+        curves, deltas, kw = self._setting(trainer, pl_module)
+        return deltas, xor_times(curves, deltas, self.criterion, **kw)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -282,10 +245,10 @@ class XorLearningTimes(pl.Callback):
         deltas, times = self.times(trainer, pl_module)
         log_scalars(trainer, {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
                               for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)})
-        fig = plots.xor_times(deltas, times, self.criterion, theory.xor_crossover())
-        log_figure(trainer, "xor_times", fig, png="xor_times.png")
-        fig = plots.xor_trajectories(self.trajectories(trainer, pl_module))
-        log_figure(trainer, "xor_trajectories", fig, png="xor_trajectories.png")
+        log_figure(trainer, "xor_times", plots.xor_times(deltas, times, self.criterion, theory.xor_crossover()),
+                   png="xor_times.png")
+        log_figure(trainer, "xor_trajectories", plots.xor_trajectories(self.trajectories(trainer, pl_module)),
+                   png="xor_trajectories.png")
 
 
 class StereotypicalLoss(EpochLosses):
@@ -302,11 +265,8 @@ class StereotypicalLoss(EpochLosses):
     """
 
     def __init__(self, fractions: list[float] = [0.5, 0.1, 0.01], log_y: bool = True) -> None:
-        if not fractions or any(not 0 < f < 1 for f in fractions):
-            raise ValueError(f"StereotypicalLoss: fractions = {fractions}; allowed: numbers in (0, 1)")
         super().__init__()
-        self.fractions, self.log_y = list(fractions), log_y
-        self.summary: dict[str, dict] = {}
+        self.fractions, self.log_y, self.summary = _fractions("StereotypicalLoss", fractions), log_y, {}
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or not self.recorded():

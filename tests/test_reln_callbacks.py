@@ -32,7 +32,7 @@ def test_activation_patterns_records_clusters_and_picks_an_elbow(tmp_path):
     trainer.fit(model, datamodule=dm)
     assert cb.result["epochs"] == [0, 1000, 2000, 3000]  # epoch 0 and every 1000
     # the recorded rows are the module's own patterns at the end (2 members x 40 units)
-    assert torch.equal(cb.rows[-1].bool(), reln.pattern_rows(model.activation_patterns(dm.X)[0]).bool())
+    assert torch.equal(cb.history['rows'][-1].bool(), reln.pattern_rows(model.activation_patterns(dm.X)[0]).bool())
     assert [C.shape for C in cb.result["centroids"]] == [(k, 24) for k in (1, 2, 3, 4)]
     assert len(cb.result["errors"]) == 4 and cb.result["elbow_k"] in (1, 2, 3, 4)
     assert cb.result["elbow_k"] == reln.elbow([1, 2, 3, 4], cb.result["errors"])
@@ -63,7 +63,7 @@ def test_elbow_of_a_two_layer_net_uses_the_depth_reln(tmp_path):
     ref.set_gating(Gating(torch.ones(24, 1), torch.ones(1, X.shape[1]), torch.tensor([True])))
     ref.build(X, Y)
     outs = reln.train_outputs(ref, X, Y, cb.result["epochs"])
-    assert cb.result["errors"][0] == pytest.approx(reln.imitation_error(torch.stack(cb.outputs).double(), outs))
+    assert cb.result["errors"][0] == pytest.approx(reln.imitation_error(torch.stack(cb.history['outputs']).double(), outs))
     # layer 0 is the ReLN's shared linear layer: no elbow there, only the centroids
     with pytest.warns(UserWarning, match="elbow gates the last hidden layer"):
         cb0 = ActivationPatterns(every_n_epochs=200, ks=[1, 2], layer=0)

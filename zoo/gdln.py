@@ -18,7 +18,7 @@ the module's optimizer (``configure_optimizers``: SGD at ``lr``), so ``global_st
 updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by hand
 (no autograd graph, no per-epoch host sync) unless a subclass overrides ``member_loss`` (or, for
 a ``ReLUNet``, ``gates``), which then trains by autograd on its own loss. The loss of every epoch
-is returned in the step's outputs (``epoch_loss``, (epochs_per_step, E)) for the callbacks.
+is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (epochs_per_step, E)).
 """
 from __future__ import annotations
 
@@ -337,7 +337,7 @@ class FullBatchNet(Progress, pl.LightningModule):
         self.log("loss", losses[0].mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
-        return {"loss": losses[0].sum(), "epoch_loss": losses.detach(), "first_epoch": first_epoch}
+        return {"loss": losses[0].sum(), "epoch_loss": {type(self).__name__: losses.detach()}, "first_epoch": first_epoch}
 
     def evaluate(self, batch: tuple[Tensor, Tensor], metric: MeanSquaredError) -> MeanSquaredError:
         """Update ``metric`` with the mean squared error of every member's output on ``batch``."""
@@ -546,6 +546,16 @@ class GDLN(FullBatchNet):
         _, loss = theory.contexts_closed_form(X, Y, self.gating, steps, tau=self.tau(X.shape[0]),
                                               a0=float(a0[common].mean()), a0_context=float(a0[~common].mean()))
         return steps, (X.shape[0] if self.reduction == "sum" else 1.0) * loss[:, None]
+
+    def predicted_pathway_strengths(self, X: Tensor, Y: Tensor, epochs: int, n_modes: int,
+                                    record_every: int = 1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The race's ([H] Eq. 6) strength of each pathway's top ``n_modes`` modes of its effective
+        dataset ([H] Eq. 5): the modes U (P, n_out, k), V (P, n_in, k) (for ``pathway_singular_values``),
+        the epochs (T,) and ``u_k^T W_p(t) v_k`` (T, P, k)."""
+        U, V = theory.pathway_mode_matrices(theory.effective_datasets(X, Y, self.gating)[0], n_modes)
+        t, maps, _ = theory.race_trajectory(X, Y, self.gating, epochs, tau=self.tau(X.shape[0]), a0=self.pathway_a0(),
+                                            training=self.training_mode, record_every=record_every)
+        return U, V, t, torch.einsum("pok,tpoi,pik->tpk", U, maps, V)
 
     def pathway_maps(self) -> Tensor:
         """Each pathway's network map ``W2_p diag(M_p) W1_p`` (E, P, n_out, n_in) (its gate not applied)."""

@@ -25,7 +25,7 @@ Choices the paper leaves open, made here (THEORY.md 2b "Finding the gates"):
   "within" 4 (recipes/haste_slowly/fig8_9_reln_discovery.yaml).
 
 Pure torch / numpy / scikit-learn: no Lightning, except that ``gdln_from_gating`` and
-``imitation_errors`` build and train a ``zoo.gdln.GDLN`` (imported on use; its training loop
+``imitation_errors``, ``discover_gates`` build and train a ``zoo.gdln.GDLN`` (imported on use; its training loop
 ``run_epochs`` needs no Trainer).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "pattern_rows", "cluster_patterns", "threshold_centroids", "gating_from_patterns", "gdln_from_gating",
-    "train_outputs", "imitation_error", "imitation_errors", "discover_gates", "elbow", "classical_mds",
+    "train_outputs", "imitation_error", "imitation_errors", "check_discovery", "discover_gates", "elbow", "classical_mds",
     "pairwise_distances",
 ]
 
@@ -174,6 +174,19 @@ def imitation_errors(samples: Tensor, X: Tensor, Y: Tensor, relu_outputs: Tensor
         cents.append(C)
         gatings.append(g)
     return errors, cents, gatings
+
+
+def check_discovery(ks: Sequence[int], *, n_hidden: int = 100, threshold: float = 0.5, rule: str = "kneedle",
+                    rel_tol: float = 0.1, n_init: int = 10, caller: str = "discover_gates") -> None:
+    """Raise a ValueError naming the first bad setting of ``discover_gates`` (before a run that ends in it)."""
+    checks = [("ks", ks, bool(ks) and all(int(k) >= 1 for k in ks) and len(set(ks)) == len(ks), "distinct positive integers"),
+              ("n_hidden", n_hidden, n_hidden >= 1, "a positive integer"),
+              ("threshold", threshold, 0 < threshold < 1, "a number in (0, 1)"),
+              ("elbow_rule", rule, rule in ("kneedle", "within"), "'kneedle' or 'within'"),
+              ("rel_tol", rel_tol, rel_tol >= 0, "a number >= 0"), ("n_init", n_init, n_init >= 1, "a positive integer")]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"{caller}: {name} = {value!r}; allowed: {allowed}")
 
 
 def discover_gates(net, rows: Tensor, relu_outputs: Tensor, epochs: Sequence[int], X: Tensor, Y: Tensor,
