@@ -1,9 +1,6 @@
-"""Callbacks for GDLNs and ReLU nets ([H]): every epoch's loss beside the theory, pathway singular
-values, the XoR learning times of [H] Fig. 2d-e and the stereotypical runs of Fig. 6b.
-
-They read ``epoch_loss`` (name -> (epochs, E)) from the step outputs of ``zoo.gdln`` modules. The
-theory is the networks' own (``predicted_loss``, ...), the figures ``zoo.plots.gdln``'s.
-"""
+"""Callbacks for GDLNs and ReLU nets ([H]): loss curves beside the theory, pathway singular values,
+XoR learning times (Fig. 2d-e), stereotypical runs (Fig. 6b). They read ``epoch_loss`` (name ->
+(epochs, E)) from ``zoo.gdln`` step outputs; theory and figures are the zoo's."""
 from __future__ import annotations
 
 import math
@@ -77,21 +74,11 @@ class EpochLosses(pl.Callback):
 
 
 class LossCurves(EpochLosses):
-    """Every epoch's loss of every network beside its theory (``predicted_loss``); PNG at the end.
-
-    TensorBoard: ``loss_curve/<model>`` (member mean) and ``loss_curve/<model>_predicted`` every
-    ``every_n_epochs`` epochs (CUSTOM SCALARS chart "loss curves"); at the end
-    ``epochs_to/<model>/<fraction>`` (epochs to that fraction of the initial loss, member mean,
-    [H] Sec. 4). PNG ``loss_curves.png``.
-
-    Args:
-        every_n_epochs: TensorBoard spacing of the curves.
-        fractions: fractions of the initial loss whose epochs-to-reach are reported.
-        predict: draw the theory (the race can take a few seconds for 8,000 epochs).
-        log_y: logarithmic loss axis.
-        closed_form: also the networks' ``closed_form_loss`` (a ReLN trained with
-            ``training='residual'`` on ``Contexts(structure='same')``, [H] App. F-G), as ``<model>_closed_form``.
-    """
+    """Every epoch's loss of every network beside its theory (``predicted_loss``, if ``predict``)
+    and, with ``closed_form``, its ``closed_form_loss`` ([H] App. F-G). TensorBoard every
+    ``every_n_epochs``: ``loss_curve/<model>``, ``..._predicted``, ``..._closed_form`` (member mean;
+    CUSTOM SCALARS "loss curves"); at the end ``epochs_to/<model>/<f>`` (epochs to each of
+    ``fractions`` of the initial loss, member mean, [H] Sec. 4) and ``loss_curves.png`` (``log_y``)."""
 
     def __init__(self, every_n_epochs: int = 50, fractions: list[float] = [0.5, 0.1, 0.01], predict: bool = True,
                  log_y: bool = True, closed_form: bool = False) -> None:
@@ -143,11 +130,11 @@ class LossCurves(EpochLosses):
         times = self.epochs_to()
         log_scalars(trainer, {f"epochs_to/{name}/{f:g}": float(v) for name, vs in times.items()
                               for f, v in zip(self.fractions, vs) if math.isfinite(float(v))})
-        lines = [f"{n}: " + ", ".join(f"{v:.0f}" for v in times[n].tolist()) for n in self.recorded()]
-        lines += ["closed form: " + ", ".join(f"{v:.0f}" for v in times[f"{n}_predicted"].tolist())
-                  for n in self.predictions if n.endswith("_closed_form")]
-        title = "epochs to " + "/".join(f"{f:g}" for f in self.fractions) + " of the initial loss\n" + "; ".join(lines)
         closed = {n[: -len("_closed_form")]: p for n, p in self.predictions.items() if n.endswith("_closed_form")}
+        lines = [f"{n}: " for n in self.recorded()] + ["closed form: " for _ in closed]
+        lines = [h + ", ".join(f"{v:.0f}" for v in times[k].tolist()) for h, k in
+                 zip(lines, [*self.recorded(), *(f"{n}_closed_form_predicted" for n in closed)])]
+        title = "epochs to " + "/".join(f"{f:g}" for f in self.fractions) + " of the initial loss\n" + "; ".join(lines)
         fig = plots.loss_curves({n: self.curve(n) for n in self.recorded()}, self.predictions, closed, title, self.log_y)
         log_figure(trainer, "loss_curves", fig, png="loss_curves.png")
 
@@ -204,13 +191,10 @@ class PathwaySingularValues(HistoryCallback):
 
 
 class XorLearningTimes(pl.Callback):
-    """[H] Fig. 2d: time to loss ``criterion`` vs the margin Delta for every network of a
-    ``Comparison`` on ``XorMargin(Delta=[...])`` (one member per Delta), beside the closed forms of
-    the linear and XoR ReLNs ([H] App. C) and the crossover ``sqrt(2/3)``. Needs a ``LossCurves``
-    in the same Trainer. TensorBoard ``xor_time/<model>/Delta=<D>``, ``xor_time/closed_form_<kind>/
-    Delta=<D>``; PNG ``xor_times.png``. [H] Fig. 2e: for the members nearest each of
-    ``trajectory_deltas``, every network's loss beside both closed forms; PNG ``xor_trajectories.png``.
-    """
+    """[H] Fig. 2d (``xor_times.png``, ``xor_time/<model or closed_form_<kind>>/Delta=<D>``): epochs to
+    loss ``criterion`` vs the margin for every network on ``XorMargin(Delta=[...])``, the closed forms
+    of the linear and XoR ReLNs ([H] App. C) and ``sqrt(2/3)``; Fig. 2e (``xor_trajectories.png``):
+    the losses of the members nearest ``trajectory_deltas``. Reads a ``LossCurves``' record."""
 
     def __init__(self, criterion: float = 0.2, trajectory_deltas: list[float] = [0.3, 0.6, 1.0, 1.6]) -> None:
         if not 0 < criterion < 0.5:
@@ -245,24 +229,17 @@ class XorLearningTimes(pl.Callback):
         deltas, times = self.times(trainer, pl_module)
         log_scalars(trainer, {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
                               for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)})
-        log_figure(trainer, "xor_times", plots.xor_times(deltas, times, self.criterion, theory.xor_crossover()),
-                   png="xor_times.png")
-        log_figure(trainer, "xor_trajectories", plots.xor_trajectories(self.trajectories(trainer, pl_module)),
-                   png="xor_trajectories.png")
+        for tag, fig in (("xor_times", plots.xor_times(deltas, times, self.criterion, theory.xor_crossover())),
+                         ("xor_trajectories", plots.xor_trajectories(self.trajectories(trainer, pl_module)))):
+            log_figure(trainer, tag, fig, png=f"{tag}.png")
 
 
 class StereotypicalLoss(EpochLosses):
-    """[H] Fig. 6b: every run's (ensemble member's) loss curve faded, each network's stereotypical
-    run (closest to the mean curve, ``zoo.analysis.gdln``) bold. At the end: ``stereotypical_loss``
-    (PNG and TensorBoard image), scalars ``stereotypical/<model>/member``, ``.../epochs_to/<f>`` (its
-    epochs to fraction f of its initial loss) with ``/min``, ``/max`` over runs, and for a two-
-    hidden-layer ReLU net ``stereotypical/<model>/first_layer_on`` and ``..._min`` (1 when its
-    first layer is linear on the data, as [H] Sec. 6 reports; ``ReLUNet.first_layer_on``).
-
-    Args:
-        fractions: fractions of the initial loss whose epochs-to-reach are reported.
-        log_y: a second panel with a logarithmic loss axis.
-    """
+    """[H] Fig. 6b (``stereotypical_loss``, PNG and TensorBoard; a log panel with ``log_y``): every
+    run's (member's) loss faded, each network's stereotypical run (``zoo.analysis.gdln``) bold.
+    Scalars ``stereotypical/<model>/member``, ``.../epochs_to/<f>`` for each of ``fractions`` (with
+    ``/min``, ``/max`` over runs) and for a two-layer ReLU net ``.../first_layer_on`` and ``_min``
+    (``ReLUNet.first_layer_on``: 1 when its first layer is linear on the data, [H] Sec. 6)."""
 
     def __init__(self, fractions: list[float] = [0.5, 0.1, 0.01], log_y: bool = True) -> None:
         super().__init__()
@@ -275,10 +252,8 @@ class StereotypicalLoss(EpochLosses):
         for name in self.recorded():
             s = self.summary[name] = run_summary(self.curve(name)[1], tuple(self.fractions))
             metrics[f"stereotypical/{name}/member"] = s["member"]
-            metrics.update({f"stereotypical/{name}/epochs_to/{f:g}{tag}": float(s[key][i])
-                            for i, f in enumerate(self.fractions) for key, tag in (("epochs_to", ""), ("min", "/min"),
-                                                                                   ("max", "/max"))
-                            if math.isfinite(float(s[key][i]))})
+            metrics.update({f"stereotypical/{name}/epochs_to/{f:g}{tag}": float(s[key][i]) for i, f in enumerate(
+                self.fractions) for key, tag in (("epochs_to", ""), ("min", "/min"), ("max", "/max")) if s[key][i].isfinite()})
             if len(getattr(nets[name], "hidden", [])) == 2:
                 s["first_layer_on"] = nets[name].first_layer_on(trainer.datamodule.X.to(nets[name].W[0].device))
                 metrics[f"stereotypical/{name}/first_layer_on"], metrics[f"stereotypical/{name}/first_layer_on_min"] = \

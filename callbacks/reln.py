@@ -30,23 +30,13 @@ def _data_layout(dm) -> dict:
 
 
 class ActivationPatterns(HistoryCallback):
-    """ReLN discovery by k-means ([H] App. B, Alg. 1; Figs. 8-9).
-
-    At epoch 0 and every ``every_n_epochs`` (at the first step end past each multiple) the hidden
-    units' binary patterns over the data points are stacked as rows (all members = independent
-    runs, Alg. 1's ``num_trainings``). At the end ``zoo.reln.discover_gates`` k-means them for each
-    k (TensorBoard image ``reln/centroids/k<k>``) and, for the last hidden layer with ``elbow``, fits
-    a GDLN per k (``reln/imitation_error/k<k>``, ``reln/elbow_k``). PNG ``reln_gates.png``
-    (``reln_layer<l>_gates.png`` for a two-layer net): the centroids for every k and the elbow.
-
-    Args:
-        every_n_epochs: epochs between recordings ([H] Alg. 1: 100).
-        ks: numbers of clusters to try ([H] Fig. 8: 2-4; Fig. 9: the elbow).
-        layer: which hidden layer's patterns to cluster (-1: the last, which gates in [H] Fig. 6).
-        elbow: fit a GDLN per k and pick k at the elbow of the error (last hidden layer only).
-        n_hidden, threshold, elbow_rule, rel_tol, random_state, n_init: of ``zoo.reln.discover_gates``.
-        model: name of the ReLU net in a Comparison (default: its first ReLUNet).
-    """
+    """ReLN discovery by k-means ([H] App. B, Alg. 1; Figs. 8-9) in hidden ``layer`` (-1: the last)
+    of a ReLU net (``model`` in a Comparison, default its first). At epoch 0 and every
+    ``every_n_epochs`` (Alg. 1: 100; at the first step end past each multiple) every unit's binary
+    pattern over the data is kept as a row (all members: Alg. 1's runs). At the end
+    ``zoo.reln.discover_gates`` (its settings: ``ks``, ``n_hidden``, ...) k-means them per k
+    (images ``reln/centroids/k<k>``) and with ``elbow``, for the last layer, fits a GDLN per k
+    (``reln/imitation_error/k<k>``, ``reln/elbow_k``); PNG ``reln_gates.png`` (``reln_layer<l>_...``)."""
 
     unit = "epochs"
     HISTORY_KEYS = ("epochs", "rows", "outputs")
@@ -73,9 +63,6 @@ class ActivationPatterns(HistoryCallback):
         n = len(self.net.hidden)
         if not -n <= self.layer < n:
             raise ValueError(f"ActivationPatterns: layer = {self.layer}; allowed: -{n} .. {n - 1}")
-        if self.every_n_steps % pl_module.epochs_per_step:
-            warn_once(f"ActivationPatterns: every_n_epochs = {self.every_n_steps} is not a multiple of epochs_per_step = "
-                      f"{pl_module.epochs_per_step}; patterns are recorded at the first step end past each multiple")
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         X = trainer.datamodule.X.to(self.net.W[0].device)
@@ -108,16 +95,11 @@ class ActivationPatterns(HistoryCallback):
 
 
 class HiddenMDS(HistoryCallback):
-    """Classical MDS ([H] Figs. 3-4) of a network's hidden representations of the data points.
-
-    Every ``every_n_steps`` epochs: the distances between the points' hidden activity (layer
-    ``layer``), averaged over members (each member's hidden basis is its own, the distances are
-    not), embedded in ``dim`` dimensions (``zoo.reln.classical_mds``). TensorBoard image
-    ``mds/<model>``, scalar ``mds/<model>/explained`` (the share of the Gram spectrum in the plotted
-    dimensions); at the end ``hidden_mds.png``, up to ``max_panels`` evenly spaced records,
-    coloured by context and labelled by item where the datamodule has them.
-    ``model``: the network's name in a Comparison (default: its first ReLU net).
-    """
+    """Classical MDS ([H] Figs. 3-4, ``zoo.reln.classical_mds``) in ``dim`` dimensions of the data
+    points' hidden activity (``layer`` of ``model``, as ActivationPatterns), distances averaged over
+    members (each member's hidden basis is its own), every ``every_n_steps`` epochs: image
+    ``mds/<model>``, scalar ``mds/<model>/explained`` (share of the Gram spectrum shown); at the
+    end ``hidden_mds.png`` (up to ``max_panels`` records, coloured by context, labelled by item)."""
 
     unit = "epochs"
     HISTORY_KEYS = ("records",)
