@@ -343,7 +343,7 @@ class FullBatchNet(Progress, pl.LightningModule):
         """Update ``metric`` with the mean squared error of every member's output on ``batch``."""
         x, y = batch
         out = self(x)
-        metric.update(out, y.to(out).expand_as(out))
+        metric.update(out.reshape(-1), y.to(out).expand_as(out).reshape(-1))
         return metric
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -420,6 +420,7 @@ class GDLN(FullBatchNet):
     def attach(self, datamodule) -> None:
         if not callable(getattr(datamodule, "gating", None)):
             raise TypeError(f"GDLN needs a datamodule with gating(name); {type(datamodule).__name__} has none")
+        super().attach(datamodule)
         self.set_gating(datamodule.gating(self.gating_name))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
