@@ -556,7 +556,9 @@ class GDLN(FullBatchNet):
         U, V = theory.pathway_mode_matrices(theory.effective_datasets(X, Y, self.gating)[0], n_modes)
         t, maps, _ = theory.race_trajectory(X, Y, self.gating, epochs, tau=self.tau(X.shape[0]), a0=self.pathway_a0(),
                                             training=self.training_mode, record_every=record_every)
-        return U, V, t, torch.einsum("pok,tpoi,pik->tpk", U, maps, V)
+        # a matrix product per (epoch, pathway), then the diagonal: the same bits for every run length
+        # (one einsum over all epochs contracts in an order that depends on their number)
+        return U, V, t, (U.transpose(-1, -2) @ maps @ V).diagonal(dim1=-2, dim2=-1)
 
     def pathway_maps(self) -> Tensor:
         """Each pathway's network map ``W2_p diag(M_p) W1_p`` (E, P, n_out, n_in) (its gate not applied)."""
