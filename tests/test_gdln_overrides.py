@@ -112,7 +112,10 @@ def test_test_step_reports_each_networks_mse(tmp_path):
                         epochs_per_step=10)
     trainer = _trainer(30, tmp_path)
     trainer.fit(module, datamodule=dm)
+    assert not any(k.startswith("val/") for k in trainer.callback_metrics)  # no validation inside fit
     metrics = trainer.test(module, datamodule=dm, verbose=False)[0]
+    val = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    assert val == {k.replace("test/", "val/"): v for k, v in metrics.items()}  # the same data set
     Y = dm.Y.double()
     for name, m in zip(module.names, module.models):
         out = m(dm.X).detach().double()  # (E, 4, 1): member e on margin Delta[e]
