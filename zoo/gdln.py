@@ -311,10 +311,14 @@ class FullBatchNet(Progress, pl.LightningModule):
             return loss.reshape(self.ensemble)
         return hand_written
 
-    def sgd_step(self) -> None:
+    def sgd_step(self) -> Callable[[], None]:
         """The plain GD update ``W -= lr W.grad`` (what ``run_epochs`` applies without a Trainer)."""
-        for W in self.W:
-            W.data.sub_(W.grad, alpha=self.lr)
+        params, lr = list(self.W), self.lr
+
+        def step() -> None:  # under descend's no_grad
+            for W in params:
+                W.sub_(W.grad, alpha=lr)
+        return step
 
     def threads(self, x: Tensor) -> int | None:
         return self.num_threads if x.device.type == "cpu" else None
@@ -322,7 +326,7 @@ class FullBatchNet(Progress, pl.LightningModule):
     def run_epochs(self, x: Tensor, y: Tensor, n: int, step: Callable[[], object] | None = None) -> Tensor:
         """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``);
         returns the loss before each step, (n, E)."""
-        return descend([self.gradient_fn(x, y)], n, step or self.sgd_step, self.threads(x))[0]
+        return descend([self.gradient_fn(x, y)], n, step or self.sgd_step(), self.threads(x))[0]
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
