@@ -122,7 +122,7 @@ def reln_gates(result: dict, title: str, bounds: list[float], rule: str):
     ks, cents, errors, chosen = (result[x] for x in ("ks", "centroids", "errors", "elbow_k"))
     heights = [max(k, 1) for k in ks]
     fig = plt.figure(figsize=(10, 1.2 + 0.35 * sum(heights) + 0.3 * len(ks)), dpi=100)
-    grid = fig.add_gridspec(len(ks), 2, width_ratios=[2.2, 1], height_ratios=heights)
+    grid = fig.add_gridspec(len(ks), 2, width_ratios=[2.2, 1], height_ratios=heights, wspace=0.35)  # room for the y ticks
     for r, (k, C) in enumerate(zip(ks, cents)):
         ax = fig.add_subplot(grid[r, 0])
         ax.imshow(C.numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
