@@ -69,7 +69,7 @@ def bare_loop(kind: str, dm: Contexts) -> float:
 
 def lightning_path(kind: str, dm: Contexts, num_threads: int | None = 1) -> float:
     net = make(kind, dm, num_threads)
-    trainer = pl.Trainer(max_steps=EPOCHS // net.epochs_per_step, max_epochs=-1, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=EPOCHS, max_epochs=-1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
     t = time.perf_counter()
     trainer.fit(net, datamodule=dm)

@@ -1,10 +1,9 @@
 """Lightning callbacks: thin wrappers that call ``zoo.metrics`` / module methods and log."""
 from callbacks.balance import Balance
-from callbacks.depth import StereotypicalLoss
 from callbacks.entropy_phase import EntropyPhaseDiagram
 from callbacks.error_curves import ErrorCurves
 from callbacks.forgetting import Forgetting
-from callbacks.gdln import LossCurves, PathwaySingularValues, XorLearningTimes
+from callbacks.gdln import LossCurves, PathwaySingularValues, StereotypicalLoss, XorLearningTimes
 from callbacks.network_map import NetworkMap
 from callbacks.ntk import NTKDistance
 from callbacks.phase import PhaseDiagram

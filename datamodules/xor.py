@@ -48,6 +48,17 @@ class GatedTask(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(RepeatedBatch(self.X, self.Y, self.batches_per_epoch), batch_size=None, shuffle=False)
 
+    # The evaluation set is the task itself: these tasks are the whole data set ([H] studies how
+    # the training loss falls), and there is no held-out point to generalise to.
+    def val_dataloader(self) -> DataLoader | list:
+        # in a fit the validation MSE would repeat the training loss after every chunk of epochs
+        if self.trainer is not None and self.trainer.state.fn == "fit":
+            return []
+        return DataLoader(RepeatedBatch(self.X, self.Y, 1), batch_size=None, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(RepeatedBatch(self.X, self.Y, 1), batch_size=None, shuffle=False)
+
 
 class XorMargin(GatedTask):
     """The XoR task with margin ([H] App. C Eq. 11): columns (-1,-1,-D), (1,-1,D), (-1,1,D), (1,1,-D),
@@ -67,6 +78,8 @@ class XorMargin(GatedTask):
             raise ValueError(f"XorMargin: Delta = {Delta!r}; allowed: a number >= 0 or a non-empty list of them")
         self.Delta = Delta
         self.deltas = torch.tensor(deltas, dtype=torch.float64)
+        # member e of the module's ensemble trains on margin Delta[e]
+        self.member_params = [{"Delta": d} for d in deltas] if len(deltas) > 1 else None
 
     @property
     def X(self) -> Tensor:

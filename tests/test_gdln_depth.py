@@ -1,12 +1,13 @@
 """zoo.gdln_depth.DepthGDLN ([H] Sec. 6, Fig. 6): hand-written gradients against autograd, the all-on
-case against a three-layer linear network, pathway maps against the forward pass; callbacks.depth
+case against a three-layer linear network, pathway maps against the forward pass; callbacks.gdln
 (the stereotypical run of [H] Fig. 6b) on hand-made curves and on a tiny Comparison run."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from callbacks.depth import StereotypicalLoss, first_layer_on, stereotypical_member
+from callbacks.gdln import StereotypicalLoss
+from zoo.analysis.gdln import stereotypical_member
 from datamodules.contexts import Contexts
 from zoo.gdln import Comparison, ReLUNet
 from zoo.gdln_depth import DepthGDLN
@@ -122,7 +123,7 @@ def test_first_layer_on_weights_units_by_path_strength():
     with torch.no_grad():
         net.W[0].copy_(torch.tensor([[[1.0, 1.0], [1.0, -1.0]]]))  # unit 0 on for both points, unit 1 for the first
         net.W[1].copy_(torch.tensor([[[3.0, 1.0]]]))  # path strengths sqrt2 * 3 and sqrt2 * 1
-    mean, low = first_layer_on(net, X)
+    mean, low = net.first_layer_on(X)
     assert mean == pytest.approx((1.0 + 0.75) / 2) and low == pytest.approx(0.75)
 
 
@@ -138,7 +139,7 @@ def test_stereotypical_loss_callback_on_a_tiny_comparison(tmp_path):
     from callbacks.gdln import LossCurves
 
     curves, cb = LossCurves(every_n_epochs=5, predict=False), StereotypicalLoss()
-    trainer = pl.Trainer(max_steps=4, max_epochs=-1, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
+    trainer = pl.Trainer(max_steps=20, max_epochs=-1, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
                          callbacks=[curves, cb], enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu")
     trainer.fit(module, datamodule=dm)

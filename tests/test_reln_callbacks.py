@@ -32,7 +32,7 @@ def test_activation_patterns_records_clusters_and_picks_an_elbow(tmp_path):
     trainer.fit(model, datamodule=dm)
     assert cb.result["epochs"] == [0, 1000, 2000, 3000]  # epoch 0 and every 1000
     # the recorded rows are the module's own patterns at the end (2 members x 40 units)
-    assert torch.equal(cb.rows[-1].bool(), reln.pattern_rows(model.activation_patterns(dm.X)[0]).bool())
+    assert torch.equal(cb.history['rows'][-1].bool(), reln.pattern_rows(model.activation_patterns(dm.X)[0]).bool())
     assert [C.shape for C in cb.result["centroids"]] == [(k, 24) for k in (1, 2, 3, 4)]
     assert len(cb.result["errors"]) == 4 and cb.result["elbow_k"] in (1, 2, 3, 4)
     assert cb.result["elbow_k"] == reln.elbow([1, 2, 3, 4], cb.result["errors"])
@@ -63,7 +63,7 @@ def test_elbow_of_a_two_layer_net_uses_the_depth_reln(tmp_path):
     ref.set_gating(Gating(torch.ones(24, 1), torch.ones(1, X.shape[1]), torch.tensor([True])))
     ref.build(X, Y)
     outs = reln.train_outputs(ref, X, Y, cb.result["epochs"])
-    assert cb.result["errors"][0] == pytest.approx(reln.imitation_error(torch.stack(cb.outputs).double(), outs))
+    assert cb.result["errors"][0] == pytest.approx(reln.imitation_error(torch.stack(cb.history['outputs']).double(), outs))
     # layer 0 is the ReLN's shared linear layer: no elbow there, only the centroids
     with pytest.warns(UserWarning, match="elbow gates the last hidden layer"):
         cb0 = ActivationPatterns(every_n_epochs=200, ks=[1, 2], layer=0)
@@ -87,11 +87,11 @@ def test_hidden_mds_of_a_two_unit_layer_is_exact(tmp_path):
     relu = ReLUNet(hidden=[2], ensemble=1, init=Gaussian(sigma=0.5), lr=1e-3, seed=2)
     gdln = GDLN(gating="reln", n_hidden=5, ensemble=1, init=Gaussian(sigma=0.1))
     model = Comparison([relu, gdln], names=["ReLU", "ReLN"], epochs_per_step=10)
-    cb = HiddenMDS(every_n_steps=1, model="ReLU")
+    cb = HiddenMDS(every_n_steps=10, model="ReLU")  # epochs
     trainer = quiet_trainer(tmp_path, [cb], existing=("hidden_mds.png",))
     trainer.fit(model, datamodule=dm)
     assert [e for e, _ in cb.records] == [0, 10, 20, 30]
-    D = reln.pairwise_distances(cb.hidden(dm.X))[0]
+    D = reln.pairwise_distances(relu.hidden_activity(dm.X)[-1])[0]
     coords = cb.records[-1][1]
     assert torch.allclose(reln.pairwise_distances(coords), D, atol=1e-5 * float(D.max()))
     folder = tmp_path / "tb" / "version_0"

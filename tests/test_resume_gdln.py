@@ -6,7 +6,7 @@ with SIGKILL after a mid-run checkpoint, then resumed with --ckpt_path last: the
 weights, scalars and figures as the uninterrupted run, bit for bit.
 
 The recipes run with small overrides (few epochs per step, small ensembles) so each run takes a
-second or two; global_step counts chunks of ``epochs_per_step`` epochs for the GDLN family.
+second or two; global_step counts epochs (full-batch GD updates) for the GDLN family.
 """
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ FIG6_SMALL = """[
    init: {class_path: zoo.init.Gaussian, init_args: {sigma: 0.003}}, ensemble: 4, lr: 0.001, reduction: sum}}]"""
 CASES = {
     # Comparison of four networks on contexts: LossCurves (race), PathwaySingularValues
-    "fig4": ["--config", f"{R}/haste_slowly/fig4_contexts.yaml", "--trainer.max_steps=20", EPS],
+    "fig4": ["--config", f"{R}/haste_slowly/fig4_contexts.yaml", "--trainer.max_steps=200", EPS],
     # two-layer ReLUNet + DepthGDLN: StereotypicalLoss, LossCurves, ActivationPatterns per layer
-    "fig6": ["--config", f"{R}/haste_slowly/fig6_depth.yaml", "--trainer.max_steps=20",
+    "fig6": ["--config", f"{R}/haste_slowly/fig6_depth.yaml", "--trainer.max_steps=2000",
              "--model.init_args.epochs_per_step=100", "--model.init_args.models", FIG6_SMALL],
     # ReLUNet: ActivationPatterns (trains a GDLN per k at the end), HiddenMDS
-    "fig8": ["--config", f"{R}/haste_slowly/fig8_9_reln_discovery.yaml", "--trainer.max_steps=20", EPS],
+    "fig8": ["--config", f"{R}/haste_slowly/fig8_9_reln_discovery.yaml", "--trainer.max_steps=200", EPS],
     # a GDLN on its own (no recipe trains one alone): the residual scheme, race and pathway modes
     "gdln": ["--model=zoo.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_args.n_hidden=20",
              "--model.init_args.training=residual", "--model.init_args.epochs_per_step=10",
              '--model.init_args.init={"class_path": "zoo.init.Gaussian", "init_args": {"sigma": 0.001}}',
-             "--data=datamodules.contexts.Contexts", "--trainer.max_steps=20", "--trainer.max_epochs=-1",
+             "--data=datamodules.contexts.Contexts", "--trainer.max_steps=200", "--trainer.max_epochs=-1",
              "--trainer.callbacks+=callbacks.gdln.LossCurves", "--trainer.callbacks+=callbacks.gdln.PathwaySingularValues"],
     # shuffled minibatches of a regression task over an epoch budget: the stop falls mid-epoch
     "minibatch": ["--config", f"{R}/quickstart.yaml", "--trainer.max_steps=-1", "--trainer.max_epochs=3",
@@ -44,8 +44,8 @@ CASES = {
     # DeepLinearNet: the NTK at initialisation must survive the resume
     "ntk": ["--config", f"{R}/lazy_rich/ntk_square.yaml", "--trainer.max_steps=400"],
 }
-STOP = {"fig4": 7, "fig6": 7, "fig8": 7, "gdln": 7, "minibatch": 40, "ntk": 150}
-TOTAL = {"fig4": 20, "fig6": 20, "fig8": 20, "gdln": 20, "minibatch": 90, "ntk": 400}
+STOP = {"fig4": 70, "fig6": 700, "fig8": 70, "gdln": 70, "minibatch": 40, "ntk": 150}
+TOTAL = {"fig4": 200, "fig6": 2000, "fig8": 200, "gdln": 200, "minibatch": 90, "ntk": 400}
 
 
 @pytest.fixture(scope="module")

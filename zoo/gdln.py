@@ -12,16 +12,18 @@ Loss ``1/(2N) sum_i |y_i - h_i|^2`` ([H] Eq. 2, ``reduction = "mean"``; ``tau = 
 authors' summed ``1/2 sum_i`` (``reduction = "sum"``; ``tau = 1/(N lr)``, [H] App. A), full-batch
 gradient descent. E members (their own draws of the init) train as batched tensor ops.
 
-Each ``training_step`` runs ``epochs_per_step`` full-batch epochs with hand-written gradients
-(no autograd, no per-epoch host sync): Lightning's per-step overhead is many times the cost of an
-epoch of these small networks. The updates are applied in place; an optimizer step without
-gradients then only advances ``global_step``, which so counts chunks: ``epochs_done = global_step *
-epochs_per_step``. The loss of every epoch is returned in the step's outputs (``epoch_loss``,
-(epochs_per_step, E)) for the callbacks.
+Each ``training_step`` takes ``epochs_per_step`` full-batch gradient-descent updates (an epoch of
+these small networks costs less than Lightning's per-step overhead). Every update is one step of
+the module's optimizer (``configure_optimizers``: SGD at ``lr``), so ``global_step`` counts GD
+updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by hand
+(no autograd graph, no per-epoch host sync) unless a subclass overrides ``member_loss`` (or, for
+a ``ReLUNet``, ``gates``), which then trains by autograd on its own loss. The loss of every epoch
+is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (epochs_per_step, E)).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Literal
 
@@ -29,20 +31,15 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
+from torchmetrics import MeanSquaredError
 
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
+from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.progress import Progress
+from zoo.theory import gdln as theory
 from zoo.theory.gdln import Gating, common_limit
-
-MAX_MEMBER_TAGS = 16
-
-
-def _advance(module: pl.LightningModule) -> None:
-    """Step an optimizer whose parameters have no gradients: nothing changes but ``global_step``."""
-    opt = module.optimizers()
-    opt.zero_grad(set_to_none=True)
-    opt.step()
 
 
 def _outer(delta: Tensor, act: Tensor) -> Tensor:
@@ -58,12 +55,32 @@ def save_log_step(module: pl.LightningModule, checkpoint: dict) -> None:
     """Record in ``checkpoint`` the TensorBoard step a run resumed from it logs first (the CLI purges
     the events from there on: a killed run may have logged past its checkpoint).
 
-    These modules and their callbacks log on the epoch axis, ``epochs_done``, not at ``global_step``
-    (a chunk of epochs). The checkpoint after chunk g holds what was logged at epochs up to
-    ``g epochs_per_step``; the loss at that epoch is logged by the next chunk (it is the loss before
-    its first update), so the resumed run starts there and re-logs what a callback recorded at that
-    epoch after chunk g. ``zoo.cli`` reads the key ``log_step_resumed``."""
-    checkpoint["log_step_resumed"] = int(module.epochs_done)
+    The loss at epoch g (= ``global_step``) is the loss before update g + 1: the step after the
+    checkpoint logs it, so the resumed run starts logging AT the checkpoint's step, not after it
+    (Lightning's default). ``zoo.cli`` reads the key ``log_step_resumed``."""
+    checkpoint["log_step_resumed"] = int(module.global_step)
+
+
+def updates_this_step(module: pl.LightningModule, per_step: int) -> int:
+    """``per_step`` GD updates, fewer where ``max_steps`` falls inside the chunk (Lightning stops
+    after the step that reaches it)."""
+    trainer = module.trainer
+    left = trainer.max_steps - trainer.global_step if trainer.max_steps is not None and trainer.max_steps > 0 else per_step
+    return max(1, min(per_step, left))
+
+
+def descend(grad_fns: list[Callable[[], Tensor]], n: int, step: Callable[[], object], threads: int | None) -> list[Tensor]:
+    """``n`` gradient-descent updates: each ``grad_fns[i]()`` fills its network's ``W.grad`` and
+    returns its loss (E,) before the update, then ``step()`` applies all of them. The losses, one
+    (n, E) tensor per function."""
+    losses: list[list[Tensor]] = [[] for _ in grad_fns]
+    # an epoch of a small net is ~15 tensor ops of a few microseconds each: keep the loop lean
+    with torch.no_grad(), cpu_threads(threads):
+        for _ in range(n):
+            for L, fn in zip(losses, grad_fns):
+                L.append(fn())
+            step()
+    return [torch.stack(L) for L in losses]
 
 
 @contextmanager
@@ -79,8 +96,12 @@ def cpu_threads(n: int | None):
             torch.set_num_threads(before)
 
 
-class FullBatchNet(pl.LightningModule):
-    """Shared machinery: shapes from the datamodule, the GD loop, losses and logging."""
+class FullBatchNet(Progress, pl.LightningModule):
+    """Shared machinery: shapes from the datamodule, the GD loop, losses and logging.
+
+    Override points: ``member_loss`` (a subclass's loss trains by autograd), ``ReLUNet.gates``.
+    ``member_params``: one dict per member (its init parameters, ``seed`` and ``draw`` = its index
+    among the seed's draws, and the datamodule's per-member data, e.g. XoR's ``Delta``)."""
 
     def __init__(self, init: InitScheme, ensemble: int | None, lr: float, reduction: str,
                  epochs_per_step: int, seed: int, num_threads: int | None = 1) -> None:
@@ -101,9 +122,17 @@ class FullBatchNet(pl.LightningModule):
                              "members; leave ensemble unset or make them agree")
         self.init_scheme, self.ensemble, self.lr, self.reduction = scheme, E, lr, reduction
         self.epochs_per_step, self.seed, self.num_threads = epochs_per_step, seed, num_threads
-        self.labels = [f"seed{seed}+{e}" for e in range(E)] if scheme.ensemble_size == 1 else scheme.labels(E)
+        self.member_params = [{**{k: v[e] if len(v) > 1 else v[0] for k, v in scheme.params.items()},
+                               "seed": seed, "draw": e} for e in range(E)]
         self.automatic_optimization = False
         self.W = nn.ParameterList()
+        self.init_progress()
+        self.val_mse, self.test_mse = MeanSquaredError(), MeanSquaredError()
+
+    @property
+    def labels(self) -> list[str]:
+        """Each member's name in TensorBoard tags, from ``member_params`` (``zoo.labels``)."""
+        return member_labels(self.member_params)
 
     # -- structure ----------------------------------------------------------------------------
     @property
@@ -128,7 +157,11 @@ class FullBatchNet(pl.LightningModule):
             self.build(dm.X, dm.Y)
 
     def attach(self, datamodule) -> None:
-        """Read what the module needs from the datamodule besides (X, Y) (GDLN: its gates)."""
+        """Read what the module needs from the datamodule besides (X, Y) (GDLN: its gates), and
+        the datamodule's ``member_params`` (one dict per member, e.g. XoR's margins) if it has them."""
+        data = getattr(datamodule, "member_params", None)
+        if data and len(data) == self.ensemble:
+            self.member_params = [{**d, **p} for d, p in zip(data, self.member_params)]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # The weights are shaped by the data at setup(); a module loaded without a datamodule
@@ -149,6 +182,19 @@ class FullBatchNet(pl.LightningModule):
         """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
         return 1.0 / (self.lr * (N if self.reduction == "sum" else 1))
 
+    def networks(self) -> dict[str, "FullBatchNet"]:
+        """name -> network trained by this module (itself; a ``Comparison``: its models)."""
+        return {type(self).__name__: self}
+
+    def predicted_loss(self, X: Tensor, Y: Tensor, epochs: int, record_every: int = 10) -> tuple[Tensor, Tensor] | None:
+        """The theory's loss curve in this module's loss units, (epochs (T,), loss (T, E')), or None
+        where there is none (a ReLU net's theory is its ReLN's)."""
+        return None
+
+    def closed_form_loss(self, datamodule, steps: Tensor) -> tuple[Tensor, Tensor] | None:
+        """A closed-form loss curve at ``steps`` for this network on ``datamodule``, or None."""
+        return None
+
     def _gates(self, pre: Tensor, layer: int) -> Tensor:
         """The gates of hidden layer ``layer`` given its pre-activations (E, N, H)."""
         raise NotImplementedError
@@ -158,7 +204,12 @@ class FullBatchNet(pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, n_in) or (E, N, n_in); returns (E, N, n_out)."""
-        return self._forward(x.to(self.W[0].dtype), [w.detach() for w in self.W])[0]
+        return self._forward(x.to(self.W[0].dtype), list(self.W))[0]
+
+    def hidden_activity(self, x: Tensor) -> list[Tensor]:
+        """Every hidden layer's activity on the data points, one (E, N, H) tensor per layer."""
+        with torch.no_grad():
+            return self._forward(x.to(self.W[0].dtype), list(self.W))[1][1:]
 
     def _forward(self, x: Tensor, Ws: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         mask = self._input_mask()
@@ -182,7 +233,9 @@ class FullBatchNet(pl.LightningModule):
         return delta * gates
 
     def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        """The loss ``1/(2N) sum_i |y_i - h_i|^2`` (or ``1/2 sum_i`` with reduction 'sum') per member, (E,)."""
+        """The loss ``1/(2N) sum_i |y_i - h_i|^2`` (or ``1/2 sum_i`` with reduction 'sum') per member, (E,)
+        ([H] Eq. 2). Override it to train on another loss: training then takes its gradient by
+        autograd (the hand-written gradients are this loss's, or the ``training`` scheme's)."""
         x, y = batch
         out = self(x)
         scale = 1.0 if self.reduction == "sum" else 1.0 / y.shape[-2]
@@ -222,41 +275,86 @@ class FullBatchNet(pl.LightningModule):
         return errs @ W_out
 
     # -- training ---------------------------------------------------------------------------------
+    def hand_written(self) -> bool:
+        """True when the hand-written gradients (``_grads``) are the gradients of what is trained:
+        no subclass changed ``member_loss``."""
+        return type(self).member_loss is FullBatchNet.member_loss
+
     @property
     def epochs_done(self) -> int:
-        return self.global_step * self.epochs_per_step
+        """Full-batch GD updates so far: one per epoch, = ``global_step``."""
+        return self.global_step
 
-    def run_epochs(self, x: Tensor, y: Tensor, n: int) -> Tensor:
-        """``n`` full-batch gradient steps in place; returns the loss before each step, (n, E)."""
+    def gradient_fn(self, x: Tensor, y: Tensor) -> Callable[[], Tensor]:
+        """A function that puts the loss gradient of every weight in ``W.grad`` and returns the
+        loss (E,) at the current weights, on the full batch (x, y). Call it under ``no_grad``."""
         dtype = self.W[0].dtype
         x, y = x.to(dtype), y.to(dtype)
-        losses = []
-        Ws = [w.data for w in self.W]
+        params = list(self.W)
+        if not self.hand_written():
+            def autograd() -> Tensor:
+                with torch.enable_grad():
+                    loss = self.member_loss((x, y))
+                    grads = torch.autograd.grad(loss.sum(), params)
+                for W, g in zip(params, grads):
+                    W.grad = g
+                return loss.detach()
+            return autograd
+        Ws = [w.data for w in params]
         if self.ensemble == 1 and x.dim() == 2:
             Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
-        # an epoch of a small net is ~15 tensor ops of a few microseconds each: keep the loop lean
-        with torch.no_grad(), cpu_threads(self.num_threads if x.device.type == "cpu" else None):
-            for _ in range(n):
-                grads, loss = self._grads(x, y, Ws)
-                losses.append(loss)
-                for W, g in zip(Ws, grads):
-                    W.sub_(g if g.dim() == W.dim() else g.reshape(W.shape), alpha=self.lr)
-        return torch.stack(losses).reshape(n, self.ensemble)
+
+        def hand_written() -> Tensor:
+            grads, loss = self._grads(x, y, Ws)
+            for W, g in zip(params, grads):
+                W.grad = g.reshape(W.shape)
+            return loss.reshape(self.ensemble)
+        return hand_written
+
+    def sgd_step(self) -> Callable[[], None]:
+        """The plain GD update ``W -= lr W.grad`` (what ``run_epochs`` applies without a Trainer)."""
+        params, lr = list(self.W), self.lr
+
+        def step() -> None:  # under descend's no_grad
+            for W in params:
+                W.sub_(W.grad, alpha=lr)
+        return step
+
+    def threads(self, x: Tensor) -> int | None:
+        return self.num_threads if x.device.type == "cpu" else None
+
+    def run_epochs(self, x: Tensor, y: Tensor, n: int, step: Callable[[], object] | None = None) -> Tensor:
+        """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``);
+        returns the loss before each step, (n, E)."""
+        return descend([self.gradient_fn(x, y)], n, step or self.sgd_step(), self.threads(x))[0]
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
-        first_epoch = self.epochs_done
-        losses = self.run_epochs(x, y, self.epochs_per_step)
-        check_finite(losses[-1], step=first_epoch + self.epochs_per_step - 1, labels=self.labels,
+        first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
+        losses = self.run_epochs(x, y, n, step=self.optimizers().step)
+        self.count_samples(n * y.shape[-2])
+        check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
                      "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
-        _advance(self)
-        # on the epoch axis, as the callbacks log (the loss before this chunk's first epoch)
+        # at the step of the weights it was measured on (Lightning's own axis counts batches)
         self.log("step", float(first_epoch))
         self.log("loss", losses[0].mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
-        return {"loss": losses[0].sum(), "epoch_loss": losses.detach(), "first_epoch": first_epoch}
+        return {"loss": losses[0].sum(), "epoch_loss": {type(self).__name__: losses.detach()}, "first_epoch": first_epoch}
+
+    def evaluate(self, batch: tuple[Tensor, Tensor], metric: MeanSquaredError) -> MeanSquaredError:
+        """Update ``metric`` with the mean squared error of every member's output on ``batch``."""
+        x, y = batch
+        out = self(x)
+        metric.update(out.reshape(-1), y.to(out).expand_as(out).reshape(-1))
+        return metric
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.log("val/mse", self.evaluate(batch, self.val_mse), on_epoch=True, on_step=False)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.log("test/mse", self.evaluate(batch, self.test_mse), on_epoch=True, on_step=False)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
@@ -326,6 +424,7 @@ class GDLN(FullBatchNet):
     def attach(self, datamodule) -> None:
         if not callable(getattr(datamodule, "gating", None)):
             raise TypeError(f"GDLN needs a datamodule with gating(name); {type(datamodule).__name__} has none")
+        super().attach(datamodule)
         self.set_gating(datamodule.gating(self.gating_name))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -393,6 +492,13 @@ class GDLN(FullBatchNet):
     def _two_loss(self) -> bool:
         return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
 
+    def hand_written(self) -> bool:
+        if not super().hand_written() and self.training_mode != "joint":
+            raise ValueError(f"{type(self).__name__}: training = {self.training_mode!r} splits the loss in the "
+                             "hand-written gradients; a subclass that overrides member_loss trains on its own loss: "
+                             "use training = 'joint'")
+        return super().hand_written()
+
     def _output_errors(self, err: Tensor, out: Tensor, h: Tensor, W_out: Tensor, y: Tensor) -> Tensor:
         if not self._two_loss():
             return err
@@ -414,6 +520,50 @@ class GDLN(FullBatchNet):
         return torch.cat([errs[0] @ W_out[..., :c], errs[1] @ W_out[..., c:]], -1)
 
     # -- analytic quantities --------------------------------------------------------------------
+    def predicted_loss(self, X: Tensor, Y: Tensor, epochs: int, record_every: int = 10) -> tuple[Tensor, Tensor] | None:
+        """On one dataset: the neural race ([H] Eq. 6, ``zoo.theory.gdln.race_trajectory``) from each
+        pathway's initial strength. On the XoR-margin ensemble (X (E, 4, 3)): the closed forms of
+        [H] App. C per member (gatings 'linear' and 'xor' only)."""
+        if self.gating is None:
+            return None
+        N = X.shape[-2]
+        unit = N if self.reduction == "sum" else 1.0
+        if X.dim() == 3:
+            if self.gating_name not in ("linear", "xor"):
+                return None
+            t = torch.arange(0, epochs + 1, record_every, dtype=torch.float64)
+            loss = theory.xor_loss(t[:, None], X[:, 0, 2].abs().double()[None, :], self.gating_name, tau=self.tau(N),
+                                   a0=self.initial_mode_strength())
+            return t, unit * loss
+        steps, _, loss = theory.race_trajectory(X, Y, self.gating, epochs, tau=self.tau(N), a0=self.pathway_a0(),
+                                                training=self.training_mode, record_every=record_every)
+        return steps.double(), unit * loss[:, None]
+
+    def closed_form_loss(self, datamodule, steps: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The corrected closed form of [H] App. F-G (m = C - 1) for a ReLN on the symmetric task,
+        or None. Only with ``training='residual'``: the closed form solves that scheme (the context
+        pathways learn the fixed residual from the start); a jointly trained ReLN learns faster."""
+        if not (self.gating_name == "reln" and self.training_mode == "residual"
+                and getattr(datamodule, "structure", "") == "same"):
+            return None
+        X, Y = datamodule.X, datamodule.Y
+        a0, common = self.pathway_a0(), self.gating.common
+        _, loss = theory.contexts_closed_form(X, Y, self.gating, steps, tau=self.tau(X.shape[0]),
+                                              a0=float(a0[common].mean()), a0_context=float(a0[~common].mean()))
+        return steps, (X.shape[0] if self.reduction == "sum" else 1.0) * loss[:, None]
+
+    def predicted_pathway_strengths(self, X: Tensor, Y: Tensor, epochs: int, n_modes: int,
+                                    record_every: int = 1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The race's ([H] Eq. 6) strength of each pathway's top ``n_modes`` modes of its effective
+        dataset ([H] Eq. 5): the modes U (P, n_out, k), V (P, n_in, k) (for ``pathway_singular_values``),
+        the epochs (T,) and ``u_k^T W_p(t) v_k`` (T, P, k)."""
+        U, V = theory.pathway_mode_matrices(theory.effective_datasets(X, Y, self.gating)[0], n_modes)
+        t, maps, _ = theory.race_trajectory(X, Y, self.gating, epochs, tau=self.tau(X.shape[0]), a0=self.pathway_a0(),
+                                            training=self.training_mode, record_every=record_every)
+        # a matrix product per (epoch, pathway), then the diagonal: the same bits for every run length
+        # (one einsum over all epochs contracts in an order that depends on their number)
+        return U, V, t, (U.transpose(-1, -2) @ maps @ V).diagonal(dim1=-2, dim2=-1)
+
     def pathway_maps(self) -> Tensor:
         """Each pathway's network map ``W2_p diag(M_p) W1_p`` (E, P, n_out, n_in) (its gate not applied)."""
         W1 = (self.W[0].detach() * self._input_mask())
@@ -481,21 +631,45 @@ class ReLUNet(FullBatchNet):
         dims = [n_in, *self.hidden, n_out]
         return [(b, a) for a, b in zip(dims[:-1], dims[1:])]
 
+    def gates(self, h: Tensor) -> Tensor:
+        """The gates of a hidden layer given its pre-activations ``h`` (E, N, H): ``step(h)``, which
+        makes ``g * h`` a ReLU ([H] Sec. 3: a ReLU net is a GDLN whose gates depend on the input).
+        Override it to gate otherwise; the gates are constants of each step (no gradient flows
+        through them, as through the step function of a ReLU)."""
+        return (h > 0).to(h.dtype)
+
+    def _relu_gates(self) -> bool:
+        return type(self).gates is ReLUNet.gates
+
     def _gates(self, pre: Tensor, layer: int) -> Tensor:
-        return (pre > 0).to(pre.dtype)
+        return self.gates(pre).detach()
 
     def _activate(self, pre: Tensor, layer: int) -> tuple[Tensor, Tensor | None]:
+        if not self._relu_gates():
+            return super()._activate(pre, layer)
         # the gates step(pre) are read back from relu(pre) > 0 where needed: one pass instead of three
         return torch.relu(pre), None
 
     def _gate_backward(self, delta: Tensor, gates: Tensor | None, h: Tensor) -> Tensor:
+        if gates is not None:
+            return delta * gates
         return torch.ops.aten.threshold_backward(delta, h, 0.0)
+
+    def first_layer_on(self, X: Tensor) -> tuple[float, float]:
+        """How linear a two-hidden-layer net's first layer is ([H] Sec. 6: "all neurons are active
+        for all datapoints"): the fraction of first-layer units on per data point, each unit
+        weighted by its path strength ``|W0_j| |W1_{:, j}|`` (units still at their small random init
+        compute nothing and are half on by chance). Returns (mean, min) over points and members."""
+        on = self.activation_patterns(X)[0].double()  # (E, N, H)
+        W0, W1 = self.W[0].detach().double(), self.W[1].detach().double()
+        weight = W0.norm(dim=-1) * W1.norm(dim=-2)  # (E, H)
+        frac = (on * weight[:, None, :]).sum(-1) / weight.sum(-1, keepdim=True)  # (E, N)
+        return float(frac.mean()), float(frac.min())
 
     def activation_patterns(self, x: Tensor) -> list[Tensor]:
         """Binary activation pattern of every hidden unit over the data points, one (E, N, H) bool
         tensor per hidden layer ([H] App. B: the rows k-means clusters into gates)."""
-        _, acts, _ = self._forward(x.to(self.W[0].dtype), [w.detach() for w in self.W])
-        return [h > 0 for h in acts[1:]]
+        return [h != 0 for h in self.hidden_activity(x)]
 
 
 def _model_from_spec(model: FullBatchNet | dict, i: int) -> FullBatchNet:
@@ -523,7 +697,7 @@ def _model_spec(model: FullBatchNet) -> dict:
             "init_args": {k: v for k, v in model.hparams.items() if not k.startswith("_")}}
 
 
-class Comparison(pl.LightningModule):
+class Comparison(Progress, pl.LightningModule):
     """Several full-batch networks trained side by side on one datamodule, e.g. a ReLU net, its
     ReLN and a GDLN that does not match ([H] Figs. 2, 4, 5).
 
@@ -562,10 +736,15 @@ class Comparison(pl.LightningModule):
         for m in models:
             m.epochs_per_step = epochs_per_step
         self.automatic_optimization = False
+        self.init_progress()
 
     @property
     def epochs_done(self) -> int:
-        return self.global_step * self.epochs_per_step
+        """Full-batch GD updates so far, = ``global_step``."""
+        return self.global_step
+
+    def networks(self) -> dict[str, FullBatchNet]:
+        return dict(zip(self.names, self.models))
 
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule
@@ -590,18 +769,30 @@ class Comparison(pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
-        first_epoch = self.epochs_done
+        first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
+        # in lockstep: one optimizer step updates every model (each in its own parameter group)
+        all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, self.optimizers().step,
+                             self.models[0].threads(x))
+        self.count_samples(n * y.shape[-2])
         out = {}
-        for name, m in zip(self.names, self.models):
-            losses = m.run_epochs(x, y, self.epochs_per_step)
-            check_finite(losses[-1], step=first_epoch + self.epochs_per_step - 1,
-                         labels=[f"{name}/{lbl}" for lbl in m.labels],
+        for name, m, losses in zip(self.names, self.models, all_losses):
+            check_finite(losses[-1], step=first_epoch + n - 1, labels=[f"{name}/{lbl}" for lbl in m.labels],
                          hint=f"lr = {m.lr} is probably too large for this task; try lr / 10.")
             out[name] = losses.detach()
             self.log(f"loss/{name}", losses[0].mean())
-        _advance(self)
-        self.log("step", float(first_epoch))  # the epoch axis, as for a FullBatchNet
+        self.log("step", float(first_epoch))  # as for a FullBatchNet
         return {"loss": sum(l[0].sum() for l in out.values()), "epoch_loss": out, "first_epoch": first_epoch}
 
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+        for name, m in zip(self.names, self.models):
+            metric = m.evaluate(batch, m.val_mse if stage == "val" else m.test_mse)
+            self.log(f"{stage}/mse/{name}", metric, on_epoch=True, on_step=False)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=1.0)  # never sees a gradient: updates are in place
+        return torch.optim.SGD([{"params": m.parameters(), "lr": m.lr} for m in self.models])

@@ -22,7 +22,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor
 
 from zoo.gdln import GDLN
-from zoo.hparams import save_own_hyperparameters
+from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gaussian, InitScheme
 
 
@@ -69,8 +69,8 @@ class DepthGDLN(GDLN):
         save_own_hyperparameters(self, init=self.init_scheme.spec())
         # GDLN.__init__ recorded its own arguments first; the one this class does not take would make
         # the recorded arguments fail to build it again (load_from_checkpoint, --ckpt_path, a Comparison)
-        for hp in (self._hparams, self._hparams_initial):
-            hp.pop("context_init_gain", None)
+        self.remove_ignored_hparams(["context_init_gain"])
+        store_hparams(self)  # and hparams_initial (what the logger writes) from it
         self.n_shared = n_shared
 
     def layer_shapes(self, n_in: int, n_out: int) -> list[tuple[int, int]]:
@@ -99,4 +99,4 @@ class DepthGDLN(GDLN):
             "DepthGDLN: the neural race of [H] Eq. 6 (zoo.theory.gdln.race_trajectory) is for two-layer "
             "pathways; a DepthGDLN pathway has three layers with a shared first one, and no race or closed "
             "form is implemented for it. Use callbacks.gdln.LossCurves with predict: false (and no "
-            "callbacks.gdln.PathwaySingularValues); callbacks.depth.StereotypicalLoss draws the runs.")
+            "callbacks.gdln.PathwaySingularValues); callbacks.gdln.StereotypicalLoss draws the runs.")

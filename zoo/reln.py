@@ -25,7 +25,7 @@ Choices the paper leaves open, made here (THEORY.md 2b "Finding the gates"):
   "within" 4 (recipes/haste_slowly/fig8_9_reln_discovery.yaml).
 
 Pure torch / numpy / scikit-learn: no Lightning, except that ``gdln_from_gating`` and
-``imitation_errors`` build and train a ``zoo.gdln.GDLN`` (imported on use; its training loop
+``imitation_errors``, ``discover_gates`` build and train a ``zoo.gdln.GDLN`` (imported on use; its training loop
 ``run_epochs`` needs no Trainer).
 """
 from __future__ import annotations
@@ -44,7 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "pattern_rows", "cluster_patterns", "threshold_centroids", "gating_from_patterns", "gdln_from_gating",
-    "train_outputs", "imitation_error", "imitation_errors", "elbow", "classical_mds", "pairwise_distances",
+    "train_outputs", "imitation_error", "imitation_errors", "check_discovery", "discover_gates", "elbow", "classical_mds",
+    "pairwise_distances",
 ]
 
 
@@ -173,6 +174,49 @@ def imitation_errors(samples: Tensor, X: Tensor, Y: Tensor, relu_outputs: Tensor
         cents.append(C)
         gatings.append(g)
     return errors, cents, gatings
+
+
+def check_discovery(ks: Sequence[int], *, n_hidden: int = 100, threshold: float = 0.5, rule: str = "kneedle",
+                    rel_tol: float = 0.1, n_init: int = 10, caller: str = "discover_gates") -> None:
+    """Raise a ValueError naming the first bad setting of ``discover_gates`` (before a run that ends in it)."""
+    checks = [("ks", ks, bool(ks) and all(int(k) >= 1 for k in ks) and len(set(ks)) == len(ks), "distinct positive integers"),
+              ("n_hidden", n_hidden, n_hidden >= 1, "a positive integer"),
+              ("threshold", threshold, 0 < threshold < 1, "a number in (0, 1)"),
+              ("elbow_rule", rule, rule in ("kneedle", "within"), "'kneedle' or 'within'"),
+              ("rel_tol", rel_tol, rel_tol >= 0, "a number >= 0"), ("n_init", n_init, n_init >= 1, "a positive integer")]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"{caller}: {name} = {value!r}; allowed: {allowed}")
+
+
+def discover_gates(net, rows: Tensor, relu_outputs: Tensor, epochs: Sequence[int], X: Tensor, Y: Tensor,
+                   ks: Sequence[int], *, layer: int = -1, fit_gdlns: bool = True, n_hidden: int = 100,
+                   threshold: float = 0.5, rule: Literal["kneedle", "within"] = "kneedle", rel_tol: float = 0.1,
+                   random_state: int = 0, n_init: int = 10) -> dict:
+    """[H] App. B, Alg. 1 on a trained ReLU net ``net`` (a ``zoo.gdln.ReLUNet``): k-means of its
+    recorded activation-pattern rows (R, N) of hidden layer ``layer`` for every k in ``ks`` (those
+    up to the number of non-silent rows). For the last hidden layer and ``fit_gdlns``: per k, a
+    GDLN with the thresholded centroids as gates (for a two-hidden-layer net a
+    ``zoo.gdln_depth.DepthGDLN`` whose shared linear layer is the first, [H] Sec. 6), trained from
+    the net's init scheme, learning rate and seed for the recorded ``epochs``; its error against
+    ``relu_outputs`` (T, E, N, n_out), and the k at the ``elbow``.
+
+    Returns ``{"ks", "centroids", "errors", "elbow_k", "epochs"}`` (errors empty and elbow_k None
+    where no GDLN was trained)."""
+    ks = [k for k in ks if k <= int((rows.sum(1) > 0).sum())]
+    cents = [cluster_patterns(rows, k, random_state=random_state, n_init=n_init) for k in ks]
+    errors: list[float] = []
+    chosen = None
+    if fit_gdlns and layer % len(net.hidden) == len(net.hidden) - 1:
+        X, Y = X.to(net.W[0].dtype).cpu(), Y.to(net.W[0].dtype).cpu()
+        n_shared = net.hidden[0] if len(net.hidden) == 2 else None
+        for C in cents:
+            g = gating_from_patterns(threshold_centroids(C, threshold), X.shape[-1])
+            m = gdln_from_gating(g, X, Y, n_hidden=n_hidden, init=net.init_scheme, ensemble=net.ensemble, lr=net.lr,
+                                 reduction=net.reduction, seed=net.seed, n_shared=n_shared)
+            errors.append(imitation_error(relu_outputs.double(), train_outputs(m, X, Y, epochs)))
+        chosen = elbow(ks, errors, rule, rel_tol)
+    return {"ks": ks, "centroids": cents, "errors": errors, "elbow_k": chosen, "epochs": list(epochs)}
 
 
 def elbow(ks: Sequence[int], errors: Sequence[float], rule: Literal["kneedle", "within"] = "kneedle",

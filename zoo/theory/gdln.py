@@ -22,6 +22,7 @@ from torch import Tensor
 from zoo.theory.linear import saxe_mode
 
 __all__ = [
+    "pathway_mode_matrices",
     "Gating", "effective_datasets", "pathway_modes", "common_limit", "race_trajectory", "loss_of_maps",
     "xor_reln_constants", "xor_loss", "xor_time_to_loss", "xor_crossover",
     "context_overlap", "context_m", "contexts_closed_form", "times_to_fraction", "time_to_loss",
@@ -86,6 +87,15 @@ def pathway_modes(sigma_yx: Tensor, tol: float = 1e-10) -> list[tuple[Tensor, Te
         k = int((S > tol * max(float(S[0]), 1e-300)).sum()) if S.numel() else 0
         out.append((U[:, :k], S[:k], Vh[:k].T))
     return out
+
+
+def pathway_mode_matrices(sigma_yx: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The top ``k`` modes of every pathway's ``Sigma_yx(p)`` ([H] Eq. 5) stacked: U (P, n_out, k),
+    V (P, n_in, k), zero columns where a pathway has fewer (for ``GDLN.pathway_singular_values``)."""
+    modes = pathway_modes(sigma_yx)
+    pad = [(torch.nn.functional.pad(u[:, :k], (0, k - u[:, :k].shape[1])),
+            torch.nn.functional.pad(v[:, :k], (0, k - v[:, :k].shape[1]))) for u, _, v in modes]
+    return torch.stack([u for u, _ in pad]), torch.stack([v for _, v in pad])
 
 
 def common_limit(X: Tensor, Y: Tensor, gating: Gating) -> Tensor:
