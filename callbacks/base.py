@@ -6,10 +6,10 @@ that their ``every_n_steps`` is honoured exactly, independent of the Trainer's
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_warn
+
+# the run's loggers and folder: re-exported so that callbacks import from this module alone
+from zoo.logs import log_figure, log_matrix, log_scalars, output_path, overlay_charts, warn_once  # noqa: F401
 
 
 class PeriodicCallback(pl.Callback):
@@ -109,85 +109,6 @@ class HistoryCallback(PeriodicCallback):
             self._reset()
 
 
-def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
-    """Write ``metrics`` straight to every logger at ``step`` (default ``global_step``)."""
-    step = trainer.global_step if step is None else step
-    for logger in trainer.loggers:
-        logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
-
-
 def resuming(trainer: pl.Trainer) -> bool:
     """True in a fit that resumed from a checkpoint taken after training had started."""
     return trainer.ckpt_path is not None and trainer.global_step > 0
-
-
-def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> None:
-    """A TensorBoard CUSTOM SCALARS section ``title`` with one multi-line chart per entry
-    (chart name -> tag regex), e.g. a member's simulated curve and its theory on one plot."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    if not trainer.is_global_zero:
-        return
-    layout = {title: {name: ["Multiline", [regex]] for name, regex in charts.items()}}
-    for lg in trainer.loggers:
-        if isinstance(lg, TensorBoardLogger):
-            lg.experiment.add_custom_scalars(layout)
-
-
-def output_path(trainer: pl.Trainer, name: str) -> Path:
-    """A fresh path for ``name`` in the run's log folder; never overwrites an existing file."""
-    # the logger's own folder, not trainer.log_dir: that one is a broadcast (a collective), and this
-    # is called on rank 0 only
-    log_dir = trainer.loggers[0].log_dir if trainer.loggers else None
-    folder = Path(log_dir or trainer.default_root_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    path, stem, i = folder / name, Path(name).stem, 1
-    while path.exists():
-        path, i = folder / f"{stem}_{i}{Path(name).suffix}", i + 1
-    return path
-
-
-_warned: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        rank_zero_warn(message)
-
-
-def log_figure(trainer: pl.Trainer, tag: str, fig, png: str | None = None, step: int | None = None) -> Path | None:
-    """Log a matplotlib ``fig`` (from ``zoo.plots``) to every TensorBoard logger with
-    ``add_figure`` and, if ``png`` is given, write it once as a PNG in the run folder (a fresh
-    name, see ``output_path``). Rank 0 only; the figure is closed afterwards. Returns the PNG path."""
-    import matplotlib.pyplot as plt
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    path = None
-    try:
-        if not trainer.is_global_zero:
-            return None
-        if png is not None:
-            path = output_path(trainer, png)
-            fig.savefig(path)
-        step = trainer.global_step if step is None else step
-        for lg in trainer.loggers:
-            if isinstance(lg, TensorBoardLogger):
-                lg.experiment.add_figure(tag, fig, global_step=step, close=False)
-    finally:
-        plt.close(fig)
-    return path
-
-
-def log_matrix(trainer: pl.Trainer, tag: str, M, step: int | None = None, **kw) -> bool:
-    """Log ``M`` as a heatmap (``zoo.plots.matrix.heatmap``) to every TensorBoard logger; warn once
-    and skip where none is attached."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    from zoo.plots.matrix import heatmap
-
-    if not any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers):
-        warn_once("matrix images need a TensorBoardLogger; none is attached, so they are skipped")
-        return False
-    log_figure(trainer, tag, heatmap(M, title=kw.pop("title", tag), **kw), step=step)
-    return True

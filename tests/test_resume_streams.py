@@ -1,7 +1,7 @@
 """Exact resume of the streamed families across the task switch: MultiHeadStudent on
-TeacherStudent (ode_vs_simulation: TheoryOverlay, OrderParameters, Entropies; fig6: ForgettingProfile;
+TeacherStudent (ode_vs_simulation: TheoryOverlay, OrderParameters, Entropies; fig6: Forgetting;
 fig7: EWC anchored at the switch, ErrorCurves) and MultiHeadClassifier on MNISTContinual (fig12:
-TaskForgetting, on tiny IDX files from helpers_mnist.tiny_mnist). Each run is stopped by a smaller max_steps (before
+Forgetting over k, on tiny IDX files from helpers_mnist.tiny_mnist). Each run is stopped by a smaller max_steps (before
 and after the switch) or killed with SIGKILL after its first mid-run checkpoint, then resumed with
 --ckpt_path last: weights, scalars and figures equal the uninterrupted run's, bit for bit.
 Without the slow ones (-m "not slow"): a stop before the switch (student), at it and a kill after
