@@ -208,6 +208,33 @@ def test_a_config_without_the_models_d_gives_the_model_the_datas(in_tmp):
     assert (again.model.d, again.model.n_tasks) == (37, 3)
 
 
+def test_a_linked_value_given_to_the_model_too_must_agree():
+    """The model's value, when given, must be the data's; its default counts as not given, also in a
+    user's subclass that passes its arguments on as **kwargs."""
+    from types import SimpleNamespace
+
+    from jsonargparse import Namespace
+
+    from zoo.cli import linked_conflicts
+    from zoo.student import MultiHeadStudent
+
+    class Mine(MultiHeadStudent):
+        def __init__(self, scale: float = 1.0, **kwargs) -> None:
+            super().__init__(**kwargs)
+
+    data = SimpleNamespace(d=100, n_tasks=3)
+
+    def model(**init_args):
+        return Namespace(class_path="Mine", init_args=Namespace(**init_args))
+
+    assert linked_conflicts(model(d=100, n_tasks=3, p=2), Mine, data) == []  # an old recipe: both agree
+    assert linked_conflicts(model(d=1000, n_tasks=2), Mine, data) == []  # the defaults: nothing given
+    (msg,) = linked_conflicts(model(d=500, n_tasks=3), Mine, data)
+    assert msg.startswith("model.init_args.d = 500 but the datamodule's d = 100;")
+    assert len(linked_conflicts(model(d=500, n_tasks=4), Mine, data)) == 2
+    assert linked_conflicts(model(d=500), Mine, None) == []  # no datamodule: nothing linked
+
+
 def test_a_model_without_the_linked_argument_is_left_alone(in_tmp, capsys):
     """DeepLinearNet has no ``d``; TeacherStudent has: nothing is linked, the model's arguments print as given."""
     with pytest.raises(SystemExit):

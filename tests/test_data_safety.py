@@ -21,7 +21,7 @@ import datamodules.mnist_files as mnist_files
 from datamodules.files import DataFileError, checksum_of, is_writable, remove_stale_parts
 from datamodules.mnist import MNISTContinual
 from datamodules.shapes import DSprites, Shapes3D
-from tests.test_mnist_continual import idx_bytes, tiny_mnist
+from tests.helpers_mnist import idx_bytes, tiny_mnist
 
 SUB3D = {"floor_hue": [0, 9], "wall_hue": [0, 5], "object_hue": [2, 7], "scale": [0, 7], "orientation": [0, 7, 14]}
 SUBDS = {"scale": [0, 5], "orientation": [0, 10], "posX": [0, 31], "posY": [0, 16]}

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.test_mnist_continual import SHARED_RAW
+from tests.helpers_mnist import SHARED_RAW
 
 pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
 

@@ -54,7 +54,7 @@ def _run_lightning_sdk(argv: list[str]) -> object:
 def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
-    from zoo.checkpoint_checks import check_checkpoint
+    from zoo.checkpoint_checks import check_checkpoint, plain_value
     from zoo.errors import before_first_batch, yaml_non_finite
     from zoo.config_checks import check_finite_settings, check_trainer_settings
 
@@ -68,7 +68,7 @@ def _cli_class():
                 # "instantiate": the source is the built datamodule's attribute (some are class
                 # attributes or derived, e.g. MNISTContinual.n_tasks); a model or datamodule class
                 # without that name leaves the link unused (jsonargparse skips it)
-                parser.link_arguments(f"data.{name}", f"model.init_args.{name}", compute_fn=_plain,
+                parser.link_arguments(f"data.{name}", f"model.init_args.{name}", compute_fn=plain_value,
                                       apply_on="instantiate")
 
         def instantiate_trainer(self, **kwargs):
@@ -83,7 +83,7 @@ def _cli_class():
         def instantiate_classes(self) -> None:
             try:
                 super().instantiate_classes()
-                conflicts = linked_conflicts(_section(self.config, "model"), self.model, self.datamodule)
+                conflicts = linked_conflicts(_section(self.config, "model"), type(self.model), self.datamodule)
                 if conflicts:
                     raise ValueError("; ".join(conflicts))
             except (ValueError, TypeError) as err:
@@ -154,12 +154,7 @@ def _restore_ckpt_path(config, path: str | None) -> None:
         config[config["subcommand"]]["ckpt_path"] = path
 
 
-def _plain(value):
-    """``value`` with tuples as lists (plain YAML in hparams.yaml; ``image_shape`` is a tuple on the data)."""
-    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-
-def linked_conflicts(model_config, model, datamodule) -> list[str]:
+def linked_conflicts(model_config, model_class: type, datamodule) -> list[str]:
     """What the config gives the model for a :data:`LINKED` argument that differs from the
     datamodule's value (which the model got), as messages; empty when there is nothing to say.
 
@@ -168,21 +163,26 @@ def linked_conflicts(model_config, model, datamodule) -> list[str]:
     equal to the argument's default counts as not given (the parser cannot tell them apart)."""
     import inspect
 
+    from zoo.checkpoint_checks import plain_value
+
+    def default(name: str):
+        # the first __init__ up the class hierarchy that names it (a subclass may pass **kwargs on)
+        for cls in model_class.__mro__:
+            param = inspect.signature(cls.__init__).parameters.get(name) if "__init__" in vars(cls) else None
+            if param is not None:
+                return param.default
+        return inspect.Parameter.empty
+
     init = getattr(model_config, "init_args", None) if model_config is not None else None
     if init is None or datamodule is None:
         return []
-    try:
-        params = inspect.signature(type(model)).parameters
-    except (TypeError, ValueError):
-        params = {}
     out = []
     for name in LINKED:
-        given = _plain(init.get(name))
+        given = plain_value(init.get(name))
         if given is None or not hasattr(datamodule, name):
             continue
-        data = _plain(getattr(datamodule, name))
-        default = params[name].default if name in params else inspect.Parameter.empty
-        if given != data and given != _plain(default):
+        data = plain_value(getattr(datamodule, name))
+        if given != data and given != plain_value(default(name)):
             out.append(f"model.init_args.{name} = {given!r} but the datamodule's {name} = {data!r}; "
                        f"{name} is given once, to data, and the model takes it: drop model.init_args.{name}")
     return out
