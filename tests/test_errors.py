@@ -143,7 +143,7 @@ def _make_files(tmp):
     (tmp / "neg_sigma.yaml").write_text(textwrap.dedent("""
         model:
           class_path: MultiHeadStudent
-          init_args: {d: 10, init_w: {class_path: Gaussian, init_args: {sigma: -0.5}}}
+          init_args: {init_w: {class_path: Gaussian, init_args: {sigma: -0.5}}}
         data: {class_path: TeacherStudent, init_args: {d: 10}}
     """))
     (tmp / "garbage.ckpt").write_bytes(b"not a checkpoint at all")
