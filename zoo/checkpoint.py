@@ -109,10 +109,12 @@ class RunCheckpoint(ModelCheckpoint):
         if self._saved_step is None:
             self._save_last(trainer)
 
-    def _save_last(self, trainer: pl.Trainer) -> None:
+    def _save_last(self, trainer: pl.Trainer) -> bool:
+        """Write ``last.ckpt`` unless nothing is to be saved (not fitting, a dry run, saved at this step
+        already); returns whether it wrote."""
         if (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING
                 or self._saved_step == trainer.global_step):
-            return
+            return False
         # what was logged up to this checkpoint reaches the disk first: callbacks write to the loggers
         # directly (no flush), and a run killed after the checkpoint must not lose what it covers
         for logger in trainer.loggers:
@@ -124,6 +126,7 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+        return True
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
     def state_dict(self) -> dict:
