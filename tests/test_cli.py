@@ -309,8 +309,7 @@ def _printed(out: str, name: str) -> float:
     return float(m.group(1))
 
 
-@pytest.mark.parametrize("subcommand, metric", [("test", "test_mse"), ("validate", "val_mse")])
-def test_validate_and_test_evaluate_the_newest_runs_last_checkpoint(in_tmp, capsys, subcommand, metric):
+def test_validate_and_test_evaluate_the_newest_runs_last_checkpoint(in_tmp, capsys):
     import torch
 
     from zoo.checkpoint import RunCheckpoint
@@ -320,25 +319,26 @@ def test_validate_and_test_evaluate_the_newest_runs_last_checkpoint(in_tmp, caps
     run = in_tmp / "lightning_logs" / "version_0"
     ckpt = run / "checkpoints" / "last.ckpt"
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    capsys.readouterr()
-
-    cli = run_cli(subcommand, *TINY, "--ckpt_path", "last")
-    out = capsys.readouterr().out
     # the metric printed is the checkpoint's weights' error on the data, computed here without Lightning
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     data = TinyData()
     expected = ((data.x @ state["lin.weight"][0] + state["lin.bias"][0] - data.y) ** 2).mean().item()
     assert expected > 1e-3  # three epochs do not fit the data: a weight left untrained would show
-    assert _printed(out, metric) == pytest.approx(expected, rel=1e-5)
-    assert not any(isinstance(c, RunCheckpoint) for c in cli.trainer.callbacks)
-    # the evaluated run's folder is untouched; the evaluation logs into a folder of its own
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
-    assert cli.trainer.log_dir != str(run) and not list((in_tmp / "lightning_logs").glob("version_1/checkpoints"))
+    capsys.readouterr()
+
+    for subcommand, metric in (("test", "test_mse"), ("validate", "val_mse")):
+        cli = run_cli(subcommand, *TINY, "--ckpt_path", "last")
+        assert _printed(capsys.readouterr().out, metric) == pytest.approx(expected, rel=1e-5)
+        assert not any(isinstance(c, RunCheckpoint) for c in cli.trainer.callbacks)
+        # the evaluated run's folder is untouched; the evaluation logs into a folder of its own
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+        assert cli.trainer.log_dir != str(run)
+    assert list((in_tmp / "lightning_logs").glob("version_*/checkpoints/*.ckpt")) == [ckpt]  # only the fit's
 
     # the one-line errors of fit: a missing file, and a checkpoint of other settings
     for bad, words in ((["--ckpt_path", "nope.ckpt"], ["ckpt_path", "nope.ckpt"]),
                        (["--ckpt_path", str(ckpt), "--model.init_args.lr=0.5"], ["lr = 0.5", "0.05"])):
         with pytest.raises(SystemExit) as stop:
-            main([subcommand, *TINY, *bad])
+            main(["test", *TINY, *bad])
         err = capsys.readouterr().err.strip().split("\n")
         assert stop.value.code == 2 and len(err) <= 2 and all(w in err[0] for w in words), err

@@ -85,7 +85,6 @@ CASES = [
     (STUDENT, ["--model.init_args.d=500"], ["d = 500", "d = 1000"]),
     # a linked value (the model takes the data's) given to the model too, differently
     (STUDENT, ["--model.init_args.n_tasks=3"], ["n_tasks = 3", "n_tasks = 1"]),
-    (MNIST, ["--model.init_args.n_in=100"], ["n_in = 100", "n_in = 784"]),
     (STUDENT, ["--model.init_args.teacher_sets=3"], ["teacher_sets = 3"]),
     (NTK, ["--data.init_args.n_in=5"], ["dims[0] = 4", "n_in = 5"]),
     (QS, ["--data=TeacherStudent"], ["task_aligned", "TeacherStudent"]),
