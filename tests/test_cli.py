@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -24,7 +25,9 @@ def test_print_config_shows_the_init_scheme_and_its_parameters(in_tmp, capsys):
 
 
 def test_default_seed_and_tensorboard_logger_and_saved_config(in_tmp):
-    cli = run_cli("fit", "--config", QUICKSTART, "--trainer.max_steps=10", "--trainer.enable_progress_bar=false")
+    # no figure callbacks: what is checked here is the run's folder, not the quickstart's figures
+    cli = run_cli("fit", "--config", QUICKSTART, "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
+                  "--trainer.callbacks=null")
     assert cli.config["fit"]["seed_everything"] == 0
     assert isinstance(cli.trainer.logger, TensorBoardLogger)
     # the configured module keeps the CLI's record of how it was built (load_from_checkpoint uses it)
@@ -62,7 +65,7 @@ def test_a_users_own_module_by_class_path(in_tmp, monkeypatch):
     """))
     monkeypatch.syspath_prepend(str(in_tmp))
     cli = run_cli("fit", "--config", QUICKSTART, "--model=my_research.Mine", "--trainer.max_steps=10",
-                  "--trainer.enable_progress_bar=false")
+                  "--trainer.enable_progress_bar=false", "--trainer.callbacks=null")
     assert type(cli.model).__name__ == "Mine" and cli.trainer.global_step == 10
 
 
@@ -176,3 +179,166 @@ def test_a_comparison_from_the_cli_records_each_models_own_arguments(in_tmp):
     X = Contexts(3, "same").X
     for a, b in zip(loaded.models, cli.model.models):
         assert type(a) is type(b) and torch.allclose(a(X), b(X))
+
+
+# ---- values model and data share: given once, to the data (zoo.cli.LINKED) ---------------------------------------
+def test_a_config_without_the_models_d_gives_the_model_the_datas(in_tmp):
+    import yaml
+
+    (in_tmp / "ts.yaml").write_text(textwrap.dedent("""
+        model:
+          class_path: MultiHeadStudent
+          init_args: {p: 2, init_w: {class_path: Gaussian, init_args: {sigma: 0.001}}}
+        data:
+          class_path: TeacherStudent
+          init_args: {d: 37, n_tasks: 3, gamma: [0.0, 1.0], num_steps: 30, steps_per_batch: 10, num_test: 50}
+        trainer: {max_epochs: 1, enable_progress_bar: false, enable_model_summary: false}
+    """))
+    cli = run_cli("fit", "--config", str(in_tmp / "ts.yaml"))
+    m = cli.model
+    # the student's defaults are d = 1000, n_tasks = 2, teacher_sets = 1: every one came from the data
+    assert (m.d, m.n_tasks, m.G) == (37, 3, 2)
+    assert m.W.shape[-1] == 37
+    assert m.hparams["d"] == 37 and m.hparams["n_tasks"] == 3
+    assert cli.trainer.global_step > 0
+    folder = in_tmp / "lightning_logs" / "version_0"
+    saved = yaml.safe_load((folder / "config.yaml").read_text())
+    assert "d" not in saved["model"]["init_args"] and saved["data"]["init_args"]["d"] == 37  # stated once
+    assert yaml.safe_load((folder / "hparams.yaml").read_text())["d"] == 37
+    # the saved config runs again as it is, to the same model
+    again = run_cli("fit", "--config", str(folder / "config.yaml"), "--trainer.max_epochs=0")
+    assert (again.model.d, again.model.n_tasks) == (37, 3)
+
+
+def test_a_linked_value_given_to_the_model_too_must_agree():
+    """The model's value, when given, must be the data's; its default counts as not given, also in a
+    user's subclass that passes its arguments on as **kwargs."""
+    from types import SimpleNamespace
+
+    from jsonargparse import Namespace
+
+    from zoo.cli import linked_conflicts
+    from zoo.student import MultiHeadStudent
+
+    class Mine(MultiHeadStudent):
+        def __init__(self, scale: float = 1.0, **kwargs) -> None:
+            super().__init__(**kwargs)
+
+    data = SimpleNamespace(d=100, n_tasks=3)
+
+    def model(**init_args):
+        return Namespace(class_path="Mine", init_args=Namespace(**init_args))
+
+    assert linked_conflicts(model(d=100, n_tasks=3, p=2), Mine, data) == []  # an old recipe: both agree
+    assert linked_conflicts(model(d=1000, n_tasks=2), Mine, data) == []  # the defaults: nothing given
+    (msg,) = linked_conflicts(model(d=500, n_tasks=3), Mine, data)
+    assert msg.startswith("model.init_args.d = 500 but the datamodule's d = 100;")
+    assert len(linked_conflicts(model(d=500, n_tasks=4), Mine, data)) == 2
+    assert linked_conflicts(model(d=500), Mine, None) == []  # no datamodule: nothing linked
+
+
+def test_a_model_without_the_linked_argument_is_left_alone(in_tmp, capsys):
+    """DeepLinearNet has no ``d``; TeacherStudent has: nothing is linked, the model's arguments print as given."""
+    with pytest.raises(SystemExit):
+        run_cli("fit", "--config", QUICKSTART, "--print_config")
+    out = capsys.readouterr().out
+    assert "dims:" in out and "\n    d:" not in out
+
+
+# ---- validate / test a checkpoint: a user's own module with a test_step --------------------------------------------
+W_TRUE = (1.0, -2.0, 0.5)
+
+
+class TinyData(pl.LightningDataModule):
+    """64 points of y = x . W_TRUE in 4 batches of 16 (the same batches for every stage)."""
+
+    def __init__(self, n: int = 64, seed: int = 0) -> None:
+        import torch
+
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 3, generator=g)
+        self.y = self.x @ torch.tensor(W_TRUE)
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader, TensorDataset
+
+        return DataLoader(TensorDataset(self.x, self.y), batch_size=16)
+
+    val_dataloader = test_dataloader = train_dataloader
+
+
+class TinyRegression(pl.LightningModule):
+    """A linear regression whose test_step / validation_step log the mean squared error."""
+
+    def __init__(self, lr: float = 0.05) -> None:
+        import torch
+
+        super().__init__()
+        self.save_hyperparameters()
+        self.lin = torch.nn.Linear(3, 1)
+
+    def _mse(self, batch):
+        x, y = batch
+        return ((self.lin(x).squeeze(-1) - y) ** 2).mean()
+
+    def training_step(self, batch, batch_idx):
+        return self._mse(batch)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_mse", self._mse(batch), on_epoch=True)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_mse", self._mse(batch), on_epoch=True)
+
+    def configure_optimizers(self):
+        import torch
+
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+TINY = ["--model=tests.test_cli.TinyRegression", "--data=tests.test_cli.TinyData", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false"]
+
+
+def _printed(out: str, name: str) -> float:
+    import re
+
+    m = re.search(rf"{name}\W+([0-9.eE+-]+)", out)
+    assert m, out
+    return float(m.group(1))
+
+
+def test_validate_and_test_evaluate_the_newest_runs_last_checkpoint(in_tmp, capsys):
+    import torch
+
+    from zoo.checkpoint import RunCheckpoint
+    from zoo.cli import main
+
+    run_cli("fit", *TINY, "--trainer.max_epochs=3")
+    run = in_tmp / "lightning_logs" / "version_0"
+    ckpt = run / "checkpoints" / "last.ckpt"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    # the metric printed is the checkpoint's weights' error on the data, computed here without Lightning
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    data = TinyData()
+    expected = ((data.x @ state["lin.weight"][0] + state["lin.bias"][0] - data.y) ** 2).mean().item()
+    assert expected > 1e-3  # three epochs do not fit the data: a weight left untrained would show
+    capsys.readouterr()
+
+    for subcommand, metric in (("test", "test_mse"), ("validate", "val_mse")):
+        cli = run_cli(subcommand, *TINY, "--ckpt_path", "last")
+        assert _printed(capsys.readouterr().out, metric) == pytest.approx(expected, rel=1e-5)
+        assert not any(isinstance(c, RunCheckpoint) for c in cli.trainer.callbacks)
+        # the evaluated run's folder is untouched; the evaluation logs into a folder of its own
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+        assert cli.trainer.log_dir != str(run)
+    assert list((in_tmp / "lightning_logs").glob("version_*/checkpoints/*.ckpt")) == [ckpt]  # only the fit's
+
+    # the one-line errors of fit: a missing file, and a checkpoint of other settings
+    for bad, words in ((["--ckpt_path", "nope.ckpt"], ["ckpt_path", "nope.ckpt"]),
+                       (["--ckpt_path", str(ckpt), "--model.init_args.lr=0.5"], ["lr = 0.5", "0.05"])):
+        with pytest.raises(SystemExit) as stop:
+            main(["test", *TINY, *bad])
+        err = capsys.readouterr().err.strip().split("\n")
+        assert stop.value.code == 2 and len(err) <= 2 and all(w in err[0] for w in words), err

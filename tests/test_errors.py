@@ -67,8 +67,10 @@ CASES = [
     (MNIST, ["--data.init_args.permute_new=2"], ["permute_new", "2"]),
     (MNIST, ["--model.init_args.lr=0"], ["lr", "0"]),
     (VAE, ["--model.init_args.beta=-1"], ["beta", "-1"]),
-    (ISAE, ["--model.init_args.l1=[-1.0]"], ["l1", "-1"]),
-    (ISAE, ["--model.init_args.optimizer=adamw"], ["optimizer", "adamw"]),
+    # the datamodule is built first (the model takes values from it, zoo.cli.LINKED): without it
+    # (the iSAE's needs phase 1's checkpoint) the model's own checks speak
+    (ISAE, ["--data=null", "--model.init_args.l1=[-1.0]"], ["l1", "-1"]),
+    (ISAE, ["--data=null", "--model.init_args.optimizer=adamw"], ["optimizer", "adamw"]),
     (SHAPES, ["--model.init_args.seeds=[]"], ["seeds", "[]"]),
     (XOR, ["--data.init_args.Delta=-1"], ["Delta", "-1"]),
     (CONTEXTS, ["--data.init_args.n_contexts=7"], ["n_contexts", "7"]),
@@ -81,7 +83,8 @@ CASES = [
     ("{tmp}/neg_sigma.yaml", [], ["sigma", "-0.5"]),
     # model/datamodule mismatches (found at setup, before the first batch)
     (STUDENT, ["--model.init_args.d=500"], ["d = 500", "d = 1000"]),
-    (STUDENT, ["--data.init_args.n_tasks=2"], ["n_tasks = 1", "n_tasks = 2"]),
+    # a linked value (the model takes the data's) given to the model too, differently
+    (STUDENT, ["--model.init_args.n_tasks=3"], ["n_tasks = 3", "n_tasks = 1"]),
     (STUDENT, ["--model.init_args.teacher_sets=3"], ["teacher_sets = 3"]),
     (NTK, ["--data.init_args.n_in=5"], ["dims[0] = 4", "n_in = 5"]),
     (QS, ["--data=TeacherStudent"], ["task_aligned", "TeacherStudent"]),
@@ -139,7 +142,7 @@ def _make_files(tmp):
     (tmp / "neg_sigma.yaml").write_text(textwrap.dedent("""
         model:
           class_path: MultiHeadStudent
-          init_args: {d: 10, init_w: {class_path: Gaussian, init_args: {sigma: -0.5}}}
+          init_args: {init_w: {class_path: Gaussian, init_args: {sigma: -0.5}}}
         data: {class_path: TeacherStudent, init_args: {d: 10}}
     """))
     (tmp / "garbage.ckpt").write_bytes(b"not a checkpoint at all")

@@ -52,17 +52,20 @@ def test_a_size_learnt_at_setup_reaches_the_logged_hyperparameters(tmp_path):
     assert torch.is_tensor(m.W) and m.W.shape[0] == 3
 
 
-def test_modules_built_inside_another_record_their_own_arguments():
+def test_modules_built_inside_another_record_their_own_arguments(in_tmp):
     """Lightning's CLI hands the configured module's arguments to every save_hyperparameters() made
     while it is built; a BetaVAESweep's members (and a Comparison's networks) keep their own."""
-    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
+    from zoo.cli import build_cli
 
-    from zoo import BetaVAESweep
-
-    given = {"_class_path": "zoo.vae.BetaVAESweep", "latent_dim": 2}
-    with _given_hyperparameters_context(hparams=given, instantiator="lightning.pytorch.cli.instantiate_module"):
-        sweep = BetaVAESweep(image_shape=[1, 4, 4], latent_dim=2, beta=3.0, init_encoder=Gain(g=[0.5, 1.0]))
-    assert sweep.hparams["_class_path"] == "zoo.vae.BetaVAESweep"  # the configured module keeps the CLI's
+    cli = build_cli(["--model=BetaVAESweep", "--model.init_args.image_shape=[1,4,4]", "--model.init_args.latent_dim=2",
+                  "--model.init_args.beta=3.0", "--model.init_args.init_encoder=Gain",
+                  "--model.init_args.init_encoder.init_args.g=[0.5,1.0]", "--model.init_args.encoder_widths=[4]",
+                  "--model.init_args.decoder_widths=[4]"], run=False)
+    sweep = cli.model
+    # the configured module keeps the CLI's record (load_from_checkpoint rebuilds it from that)
+    assert sweep.hparams["_class_path"] in ("zoo.BetaVAESweep", "zoo.vae.BetaVAESweep")
+    assert sweep.hparams["_instantiator"] == "lightning.pytorch.cli.instantiate_module"
     members = [dict(m.hparams) for m in sweep.members]
-    assert all("_class_path" not in m and m["beta"] == 3.0 for m in members)
+    assert all("_class_path" not in m and "_instantiator" not in m and m["beta"] == 3.0 for m in members)
     assert {m["init_encoder"]["init_args"]["g"] for m in members} == {0.5, 1.0}
+    assert all(m["encoder_widths"] == [4] and m["latent_dim"] == 2 for m in members)

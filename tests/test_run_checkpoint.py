@@ -16,9 +16,10 @@ class _Saves(RunCheckpoint):
         self.saved: list[int] = []
 
     def _save_last(self, trainer):
-        if not self._should_skip_saving_checkpoint(trainer):
+        wrote = super()._save_last(trainer)
+        if wrote:
             self.saved.append(trainer.global_step)
-        super()._save_last(trainer)
+        return wrote
 
 
 def _fit(tmp_path, cb, **trainer_kw):

@@ -16,13 +16,19 @@ Steps are ``global_step`` (optimizer updates as the module counts them). A modul
 ``global_step`` by many per batch, so a save is due when a multiple of the interval is crossed,
 not hit exactly. Only ``last.ckpt`` is kept (``save_top_k=0``); pass a ``ModelCheckpoint`` of your
 own in ``trainer.callbacks`` for more.
+
+It is a ``ModelCheckpoint`` so that Lightning adds no default one and resolves the run folder's
+``checkpoints/`` for it; the saves themselves go through public API only (``trainer.save_checkpoint``,
+``format_checkpoint_name``, ``last_model_path``), none of the base class's protected helpers.
 """
 from __future__ import annotations
 
 import math
+from weakref import proxy
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
@@ -46,6 +52,7 @@ class RunCheckpoint(ModelCheckpoint):
         self._first_step: int | None = None
         self._prev_step = 0
         self._epoch_due = False
+        self._saved_step: int | None = None  # global_step of this run's last save
 
     # ---- schedule -----------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -94,17 +101,32 @@ class RunCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # SIGTERM is raised between batches, at a consistent state; any other exception may leave
         # the module half-updated, so the last scheduled checkpoint stays the one to resume from
-        if isinstance(exception, SIGTERMException) and self._last_global_step_saved != trainer.global_step:
+        if isinstance(exception, SIGTERMException):
             self._save_last(trainer)
 
-    def _save_last(self, trainer: pl.Trainer) -> None:
-        if self._should_skip_saving_checkpoint(trainer):
-            return
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the schedule above saved the run's end; a run that saved nothing (no batch) saves once
+        if self._saved_step is None:
+            self._save_last(trainer)
+
+    def _save_last(self, trainer: pl.Trainer) -> bool:
+        """Write ``last.ckpt`` unless nothing is to be saved (not fitting, a dry run, saved at this step
+        already); returns whether it wrote."""
+        if (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING
+                or self._saved_step == trainer.global_step):
+            return False
         # what was logged up to this checkpoint reaches the disk first: callbacks write to the loggers
         # directly (no flush), and a run killed after the checkpoint must not lose what it covers
         for logger in trainer.loggers:
             logger.save()
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        path = self.format_checkpoint_name({}, self.CHECKPOINT_NAME_LAST)
+        self.last_model_path = path  # before saving: it is part of the state saved
+        trainer.save_checkpoint(path, self.save_weights_only)
+        self._saved_step = trainer.global_step
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+        return True
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
     def state_dict(self) -> dict:

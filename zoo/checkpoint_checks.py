@@ -98,13 +98,14 @@ def hparam_conflicts(given: dict[str, Any], stored: dict[str, Any], prefix: str 
             continue
         if isinstance(value, dict) and isinstance(saved, dict):
             yield from hparam_conflicts(value, saved, f"{prefix}{key}.")
-        elif _plain(value) != _plain(saved):
-            yield f"{prefix}{key}", _plain(value), _plain(saved)
+        elif plain_value(value) != plain_value(saved):
+            yield f"{prefix}{key}", plain_value(value), plain_value(saved)
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
+    """``value`` as YAML writes it back: tuples and tensors as lists (a stored setting compares equal)."""
     if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     if isinstance(value, torch.Tensor):
         return value.tolist()
     return value

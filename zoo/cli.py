@@ -10,6 +10,16 @@ The ``lightning-sdk`` package installs a ``lightning`` command of its own (a clo
 fit/validate/test/predict and ``lightning_sdk`` is importable, the arguments are handed to its
 CLI unchanged: installing the zoo never takes that command away.
 
+Values that model and data share are given once, to the datamodule: a model argument named in
+:data:`LINKED` is set from the datamodule's attribute of that name (``parser.link_arguments``,
+applied when the classes are built), whenever the chosen datamodule has that attribute and the
+chosen model that argument; otherwise nothing is linked. A model value that contradicts the
+data's is an error, not silently replaced (:func:`linked_conflicts`).
+
+``validate`` and ``test`` evaluate a checkpoint: ``lightning test --config R --ckpt_path C`` (or
+``--ckpt_path last``, the newest run's ``last.ckpt``) builds the configured model, checks the
+checkpoint against it and logs into a new run folder; only ``fit`` adds the ``RunCheckpoint``.
+
 Bad input: ``main`` reports it as one line and exit code 2 before training (``zoo.errors``); a
 ``--ckpt_path`` is checked against the configured model (``zoo.checkpoint_checks``) instead of
 silently replacing its arguments; Trainer settings and NaNs are checked by ``zoo.config_checks``.
@@ -22,6 +32,9 @@ import sys
 from pathlib import Path
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# model arguments taken from the datamodule's attribute of the same name (zoo.student/classifier/vae):
+# input size, tasks, classes per task, data sets (teacher sets), image shape
+LINKED = ("d", "n_tasks", "n_in", "n_classes", "teacher_sets", "data_sets", "image_shape")
 
 
 def _is_ours(argv: list[str]) -> bool:
@@ -41,26 +54,38 @@ def _run_lightning_sdk(argv: list[str]) -> object:
 def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
-    from zoo.checkpoint_checks import check_checkpoint
+    from zoo.checkpoint_checks import check_checkpoint, plain_value
     from zoo.errors import before_first_batch, yaml_non_finite
     from zoo.config_checks import check_finite_settings, check_trainer_settings
 
     class ZooCLI(LightningCLI):
         """LightningCLI whose invalid settings are reported before training, not as tracebacks; that
-        checkpoints every run (``zoo.checkpoint.RunCheckpoint``), resolves ``--ckpt_path last`` and
-        resumes a run into its own folder (``zoo.runs``)."""
+        links the values model and data share, checkpoints every run (``zoo.checkpoint.RunCheckpoint``),
+        resolves ``--ckpt_path last`` and resumes a run into its own folder (``zoo.runs``)."""
+
+        def add_arguments_to_parser(self, parser) -> None:
+            for name in LINKED:
+                # "instantiate": the source is the built datamodule's attribute (some are class
+                # attributes or derived, e.g. MNISTContinual.n_tasks); a model or datamodule class
+                # without that name leaves the link unused (jsonargparse skips it)
+                parser.link_arguments(f"data.{name}", f"model.init_args.{name}", compute_fn=plain_value,
+                                      apply_on="instantiate")
 
         def instantiate_trainer(self, **kwargs):
-            config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-            kwargs.update(_with_run_checkpoint(config))
+            config = {**(_section(self.config_init, "trainer") or {}), **kwargs}
+            if self.subcommand in (None, "fit"):
+                kwargs.update(_with_run_checkpoint(config))
             trainer = super().instantiate_trainer(**kwargs)
             if self.subcommand == "fit":
-                _resume_into_run_folder(trainer, self._get(self.config_init, "ckpt_path"))
+                _resume_into_run_folder(trainer, _section(self.config_init, "ckpt_path"))
             return trainer
 
         def instantiate_classes(self) -> None:
             try:
                 super().instantiate_classes()
+                conflicts = linked_conflicts(_section(self.config, "model"), type(self.model), self.datamodule)
+                if conflicts:
+                    raise ValueError("; ".join(conflicts))
             except (ValueError, TypeError) as err:
                 # constructors validate their arguments (ranges, shapes): report it as the CLI
                 # reports a parse error, before anything runs
@@ -74,20 +99,16 @@ def _cli_class():
             else:
                 super().parse_arguments(parser, args)
             _resolve_last_checkpoint(self.config)
+            self._ckpt_path = _hide_ckpt_path(self.config)
 
-        def _parse_ckpt_path(self) -> None:
-            # Lightning would overwrite the configured model with the checkpoint's hyperparameters
-            # (another class, other dims) without a word; with a model configured, the checkpoint is
-            # checked against it instead (zoo.checkpoint_checks), before training
-            sub = self.config.get("subcommand")
-            if sub is None or self.config[sub].get("model") is None:
-                super()._parse_ckpt_path()
+        def before_instantiate_classes(self) -> None:
+            _restore_ckpt_path(self.config, self._ckpt_path)
 
         # LightningCLI runs a subcommand by the CLI's method of that name when it has one: each wraps
         # the Trainer's, so checks and setup errors come before the first batch (zoo.errors)
         def _checked(self, subcommand: str, **kwargs) -> None:
             with before_first_batch(self.trainer):
-                check_trainer_settings(self._get(self.config, "trainer", default={}))
+                check_trainer_settings(_section(self.config, "trainer") or {})
                 check_finite_settings(self.config.get(subcommand, self.config).as_dict())
                 check_checkpoint(kwargs.get("ckpt_path"), self.model)
                 getattr(self.trainer, subcommand)(**kwargs)
@@ -105,6 +126,66 @@ def _cli_class():
             self._checked("predict", **kwargs)
 
     return ZooCLI
+
+
+def _section(config, key: str):
+    """``config[key]`` of the running subcommand's section (or of the top level without one)."""
+    sub = config.get("subcommand")
+    return (config[sub] if sub else config).get(key)
+
+
+def _hide_ckpt_path(config) -> str | None:
+    """Take ``ckpt_path`` out of a config that configures a model; returns it.
+
+    LightningCLI, right after parsing, replaces the configured model by the checkpoint's stored
+    arguments (even its class) without a word, and offers no switch for it; with the path out of
+    the config until ``before_instantiate_classes`` it has nothing to replace, and the zoo checks the
+    checkpoint against the configured model instead (``zoo.checkpoint_checks``). With no model
+    configured, Lightning's behaviour (the model from the checkpoint) stays."""
+    sub = config.get("subcommand")
+    if not sub or config[sub].get("model") is None:
+        return None
+    path, config[sub]["ckpt_path"] = config[sub].get("ckpt_path"), None
+    return path
+
+
+def _restore_ckpt_path(config, path: str | None) -> None:
+    if path is not None:
+        config[config["subcommand"]]["ckpt_path"] = path
+
+
+def linked_conflicts(model_config, model_class: type, datamodule) -> list[str]:
+    """What the config gives the model for a :data:`LINKED` argument that differs from the
+    datamodule's value (which the model got), as messages; empty when there is nothing to say.
+
+    The link overwrites the model's value, so a recipe from before the links (both values given)
+    runs when they agree; when they differ, the user meant something the run would not do. A value
+    equal to the argument's default counts as not given (the parser cannot tell them apart)."""
+    import inspect
+
+    from zoo.checkpoint_checks import plain_value
+
+    def default(name: str):
+        # the first __init__ up the class hierarchy that names it (a subclass may pass **kwargs on)
+        for cls in model_class.__mro__:
+            param = inspect.signature(cls.__init__).parameters.get(name) if "__init__" in vars(cls) else None
+            if param is not None:
+                return param.default
+        return inspect.Parameter.empty
+
+    init = getattr(model_config, "init_args", None) if model_config is not None else None
+    if init is None or datamodule is None:
+        return []
+    out = []
+    for name in LINKED:
+        given = plain_value(init.get(name))
+        if given is None or not hasattr(datamodule, name):
+            continue
+        data = plain_value(getattr(datamodule, name))
+        if given != data and given != plain_value(default(name)):
+            out.append(f"model.init_args.{name} = {given!r} but the datamodule's {name} = {data!r}; "
+                       f"{name} is given once, to data, and the model takes it: drop model.init_args.{name}")
+    return out
 
 
 def _logger_root(trainer_config) -> Path:

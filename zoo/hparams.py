@@ -10,6 +10,11 @@ Two Lightning behaviours this module works around, for every zoo module:
   configured arguments to every ``save_hyperparameters()`` call, including those of modules built
   inside it (a ``Comparison``'s networks, a ``BetaVAESweep``'s members), which would then record
   the outer module's arguments. :func:`save_own_hyperparameters` records a module's own.
+
+Only public Lightning API: the CLI's arguments are recognised by the ``_instantiator`` key it adds
+to what ``save_hyperparameters()`` records, and a module that got another class's arguments records
+its own with ``lightning.pytorch.utilities.parsing.save_hyperparameters`` (the function the
+method calls, here without the CLI's arguments).
 """
 from __future__ import annotations
 
@@ -18,11 +23,10 @@ import inspect
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.parsing import save_hyperparameters
 
-try:
-    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-except ImportError:  # a Lightning without the CLI context: nothing to undo
-    _given_hyperparameters = None
+# the key LightningCLI adds to the arguments it hands to save_hyperparameters() (load_from_checkpoint reads it)
+CLI_KEY = "_instantiator"
 
 
 def store_hparams(module: pl.LightningModule, **values: Any) -> None:
@@ -45,15 +49,14 @@ def _names(class_path: object, cls: type) -> bool:
 def save_own_hyperparameters(module: pl.LightningModule, **plain: Any) -> None:
     """``save_hyperparameters()`` for the ``__init__`` that calls this (a subclass's arguments
     too), with ``plain`` replacing arguments that are not plain data (an init scheme by its
-    ``spec()``). The CLI's configured arguments are used only when they are this module's."""
+    ``spec()``). The CLI's configured arguments are kept only when they are this module's."""
     frame = inspect.currentframe().f_back
-    given = _given_hyperparameters.get() if _given_hyperparameters is not None else None
-    mine = given is None or _names(given.get("_class_path"), type(module))
-    token = None if mine else _given_hyperparameters.set(None)
-    try:
-        module.save_hyperparameters(ignore=list(plain), frame=frame)
-    finally:
-        if token is not None:
-            _given_hyperparameters.reset(token)
+    module.save_hyperparameters(ignore=list(plain), frame=frame)
+    given = module.hparams
+    if CLI_KEY in given and not _names(given.get("_class_path"), type(module)):
+        # built inside another configured module: its arguments are not ours; hparams is documented
+        # as mutable, and save_hyperparameters only adds to it
+        given.clear()
+        save_hyperparameters(module, ignore=list(plain), frame=frame)
     if plain:
         store_hparams(module, **plain)
