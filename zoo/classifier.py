@@ -29,7 +29,7 @@ from zoo.hparams import save_own_hyperparameters
 from zoo.init import EntropyMix, Gaussian, InitScheme
 from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MemberMean, MultiHeadModule, check_positive_ints
-from zoo.task_switch import attached_trainer
+from zoo.progress import attached_trainer
 
 Activation = Literal["sigmoid", "erf", "relu", "tanh", "linear"]
 

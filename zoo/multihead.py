@@ -28,7 +28,8 @@ from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resol
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
-from zoo.task_switch import TaskSwitchAtBatchEnd, attached_trainer
+from zoo.progress import attached_trainer
+from zoo.task_switch import TaskSwitchAtBatchEnd
 
 ACTIVATIONS = ("erf", "relu", "sigmoid", "linear", "tanh")
 """The built-in ``phi`` (``erf`` is ``erf(lam / sqrt 2)``, [S] Sec. 2.2)."""

@@ -28,7 +28,13 @@ class Progress:
     @property
     def epochs_done(self) -> int:
         """Completed passes over the training data (0 when no trainer is attached)."""
-        try:
-            return int(self.trainer.current_epoch)
-        except RuntimeError:  # not attached to a Trainer
-            return 0
+        trainer = attached_trainer(self)
+        return int(trainer.current_epoch) if trainer is not None else 0
+
+
+def attached_trainer(module):
+    """The module's Trainer, or None when it is used on its own (``module.trainer`` raises then)."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None

@@ -48,7 +48,7 @@ from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
-from zoo.task_switch import attached_trainer
+from zoo.progress import attached_trainer
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
 

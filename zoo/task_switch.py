@@ -2,13 +2,7 @@
 done at the end of the old task's last batch so that checkpoints and resumes see it once."""
 from __future__ import annotations
 
-
-def attached_trainer(module):
-    """The module's Trainer, or None when it is used on its own (``module.trainer`` raises then)."""
-    try:
-        return module.trainer
-    except RuntimeError:
-        return None
+from zoo.progress import attached_trainer
 
 
 class TaskSwitchAtBatchEnd:

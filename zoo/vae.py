@@ -67,7 +67,7 @@ from zoo.init import Gain, InitScheme, Xavier, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.evaluation import StagedEvaluation
-from zoo.progress import Progress
+from zoo.progress import Progress, attached_trainer
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
 """Hidden widths of the encoder body (disentanglement-pytorch's deep fully connected encoder)."""
@@ -302,7 +302,7 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
         return self.encoder is not None
 
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = getattr(attached_trainer(self), "datamodule", None)
         self.adopt_image_shape(getattr(dm, "image_shape", None))
 
     def adopt_image_shape(self, shape: Sequence[int] | None) -> None:
@@ -510,7 +510,7 @@ class BetaVAESweep(_OwnNoise, _Evaluation, pl.LightningModule):
         return self.members[self.labels.index(label)]
 
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = getattr(attached_trainer(self), "datamodule", None)
         for m in self.members:
             m.adopt_image_shape(getattr(dm, "image_shape", None))
         store_hparams(self, image_shape=self.members[0].image_shape)
