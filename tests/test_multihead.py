@@ -140,6 +140,38 @@ def test_classifier_override_points_change_what_is_trained(tmp_path, cls, act, s
     assert torch.allclose(net.W[0], W, atol=1e-5) and torch.allclose(net.heads[0], heads, atol=1e-5)
 
 
+class SteepSigmoidGradClassifier(MultiHeadClassifier):
+    """Trains as the sigmoid classifier, but hands EWC twice sigmoid's slope."""
+
+    def activation_grad(self, lam):
+        s = torch.sigmoid(lam)
+        return 2 * s * (1 - s)
+
+
+def test_classifier_activation_grad_is_the_slope_in_the_ewc_fisher(tmp_path):
+    """fisher_W (what EWC anchors task 1 with) equals the mean squared per-sample gradient of the
+    cross-entropy w.r.t. W computed by autograd, with phi' replaced by the override's slope."""
+    dm = MNISTContinual(str(tiny_mnist(tmp_path)), shared=2, batch_size=8, steps=[2, 2], seed=0)
+    dm.setup("fit")
+    b = dm.batch(0)
+    x, y = b["x"][:6], b["y"][:6]
+    net = SteepSigmoidGradClassifier(hidden=5, init_w=Gaussian(sigma=1.0))
+    W, heads = net.W[0].detach(), net.heads[0, 0].detach()
+    squares = []
+    for s in range(len(y)):  # per sample, by autograd through h = sigmoid(z) with slope 2 sigmoid'(z) at z
+        Wr = W.clone().requires_grad_(True)
+        z = Wr @ x[s].to(W.dtype) / math.sqrt(784)
+        s0 = torch.sigmoid(z.detach())
+        h = s0 + 2 * s0 * (1 - s0) * (z - z.detach())
+        (g,) = torch.autograd.grad(F.cross_entropy((heads @ h).unsqueeze(0), y[s:s + 1]), Wr)
+        squares.append(g**2)
+    expected = torch.stack(squares).mean(0)
+    got = net.fisher_W(x, y, task=0, mode="empirical")[0]
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-12)
+    plain = MultiHeadClassifier(hidden=5, init_w=Gaussian(sigma=1.0)).fisher_W(x, y, task=0, mode="empirical")[0]
+    assert torch.allclose(got, 4 * plain, rtol=1e-6)  # the slope enters squared: the override is what EWC uses
+
+
 # -- lightning test: per-task metrics from a checkpoint -----------------------------------------------
 ODE_SMOKE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml", "--data.init_args.num_steps=1000",
              "--data.init_args.switch_step=500", "--data.init_args.d=100", "--model.init_args.d=100",
