@@ -178,10 +178,13 @@ ODE_SMOKE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml"
              "--data.init_args.num_test=20000", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false"]
 
 
-def test_lightning_test_of_a_student_checkpoint_prints_per_task_errors(in_tmp):
+def test_lightning_test_of_a_student_checkpoint_prints_per_task_errors(in_tmp, capsys):
     run_cli("fit", *ODE_SMOKE)
     ckpt = in_tmp / "lightning_logs/version_0/checkpoints/last.ckpt"
+    capsys.readouterr()
     cli = run_cli("test", *ODE_SMOKE, "--ckpt_path", str(ckpt))
+    printed = capsys.readouterr().out  # Lightning's table holds only what goes to the loggers
+    assert "test/task1/error" in printed and "test/task2/error" in printed
     got = cli.trainer.callback_metrics
     net, dm = cli.model, cli.datamodule
     assert net.samples_seen == 1000

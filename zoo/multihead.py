@@ -347,8 +347,8 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     def _log_eval(self, stage: str) -> None:
         """Log ``<stage>/task<t>/<metric>`` (mean over members) and, for up to ``MAX_MEMBER_TAGS``
         members, ``<stage>/task<t>/<metric>/<label>``; tasks numbered from 1. ``self.log`` gives the
-        printed table of ``lightning validate|test``; a module on the samples axis writes the loggers
-        itself, at ``samples_seen`` (``self.log`` would write at ``global_step``)."""
+        printed table of ``lightning validate|test``; inside ``fit`` a module on the samples axis writes
+        the loggers itself, at ``samples_seen`` (``self.log`` would write at ``global_step``)."""
         if getattr(self, "eval_members", None) != self.ensemble:
             return
         labels, metrics = self.labels, {}
@@ -361,8 +361,11 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
                 if 1 < self.ensemble <= MAX_MEMBER_TAGS:
                     metrics |= {f"{stage}/task{task + 1}/{name}/{label}": v for label, v in zip(labels, values)}
                 metric.reset()
-        self.log_dict(metrics, logger=not self.logs_on_samples)
-        if self.logs_on_samples and self.trainer.is_global_zero:
+        # Lightning's printed table of `lightning validate|test` holds only what self.log sends to
+        # the loggers: outside fit, let it; inside fit, keep the samples axis
+        own_axis = self.logs_on_samples and self.trainer.state.fn == "fit"
+        self.log_dict(metrics, logger=not own_axis)
+        if own_axis and self.trainer.is_global_zero:
             for lg in self.trainer.loggers:
                 lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
 
