@@ -9,7 +9,15 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 # the run's loggers and folder: re-exported so that callbacks import from this module alone
-from zoo.logs import log_figure, log_matrix, log_scalars, output_path, overlay_charts, warn_once  # noqa: F401
+from zoo.logs import log_figure, log_matrix, log_scalars, output_path, overlay_charts, warn_once, write_table  # noqa: F401
+
+
+def check_count(who: str, name: str, value: int, minimum: int = 1) -> int:
+    """``value`` as an int; a ValueError naming ``who`` and ``name`` unless it is an integer >= ``minimum``."""
+    if isinstance(value, bool) or int(value) != value or value < minimum:
+        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{who}: {name} = {value!r}; allowed: {allowed}")
+    return int(value)
 
 
 class PeriodicCallback(pl.Callback):
@@ -24,9 +32,7 @@ class PeriodicCallback(pl.Callback):
     unit: str = "steps"
 
     def __init__(self, every_n_steps: int = 10) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"{type(self).__name__}: every_n_steps = {every_n_steps}; allowed: a positive integer")
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = check_count(type(self).__name__, "every_n_steps", every_n_steps)
         self._prev_step: int | None = None
         self.now = 0
 

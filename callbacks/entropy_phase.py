@@ -20,11 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from callbacks.base import HistoryCallback, log_figure, warn_once
-from zoo.analysis.init_grid import InitGrid, init_grid, variance_explained
-
-ENTROPIES = ("H_m", "H_Q", "H_h")
-"""[S] Eq. 10: the aggregate (Fig. 5) first, then the unit and head entropies (Fig. 10)."""
-
+from zoo.analysis.init_grid import ENTROPIES, InitGrid, init_grid, phase_record, phase_report
 
 class EntropyPhaseDiagram(HistoryCallback):
     """Phase diagrams of the specialisation entropies over the initialisation ([S] Figs. 5, 10).
@@ -131,31 +127,20 @@ class EntropyPhaseDiagram(HistoryCallback):
                                              png="entropy_phase.png", step=final)
 
     def compute(self, pl_module: pl.LightningModule, step: int, error: torch.Tensor | None) -> dict[str, Any]:
-        """Grids of the recorded simulation at ``step`` and of the ODE at the same alpha."""
+        """Grids of the recorded simulation at ``step`` and of the ODE at the same alpha
+        (``zoo.analysis.init_grid.phase_record``)."""
         from zoo.metrics.overlaps import entropies, max_entropy
 
-        g, alpha = self.grid, step / pl_module.d
-        r: dict[str, Any] = {"step": step, "alpha": alpha, "axes": g.axes, "values": g.values,
-                             "max": {H: max_entropy(H, pl_module.p) for H in ENTROPIES},
-                             "sim": {H: g.arrange(self.history["entropies"][self.history["steps"].index(step)][H])
-                                     for H in ENTROPIES}}
-        ode = self.trajectory
+        alpha, ode, H_ode, ode_error = step / pl_module.d, self.trajectory, None, None
         if ode is not None:
             i = ode.index(alpha)
             if abs(float(ode.alpha[i]) - alpha) > 0.5 * self._d_alpha:
                 warn_once("EntropyPhaseDiagram: a recorded step is not on the ODE's record grid; the nearest record is used")
             task = sum(alpha > a + 1e-12 for a in ode.alpha_switch)  # the head trained on the step just completed
-            H_ode = entropies(ode.Q[:, i], ode.heads[:, i, task])
-            r["ode"] = {H: g.arrange(H_ode[H]) for H in ENTROPIES}
-            r["ode_error"] = g.arrange(ode.eps[:, i, task])
-            cut = {H: self.threshold * r["max"][H] for H in ENTROPIES}
-            r["mean_abs_diff"] = {H: float(np.abs(r["sim"][H] - r["ode"][H]).mean()) for H in ENTROPIES}
-            r["same_side"] = {H: float(((r["sim"][H] < cut[H]) == (r["ode"][H] < cut[H])).mean()) for H in ENTROPIES}
-        r["var_explained"] = {src: {H: variance_explained(r[src][H], g.axes) for H in ENTROPIES}
-                              for src in ("sim", "ode") if src in r}
-        if error is not None:
-            r["error"] = g.arrange(error)
-        return r
+            H_ode, ode_error = entropies(ode.Q[:, i], ode.heads[:, i, task]), ode.eps[:, i, task]
+        sim = self.history["entropies"][self.history["steps"].index(step)]
+        maxima = {H: max_entropy(H, pl_module.p) for H in ENTROPIES}
+        return {"step": step, "alpha": alpha} | phase_record(self.grid, sim, maxima, self.threshold, H_ode, ode_error, error)
 
     def log_record(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, r: dict[str, Any]) -> None:
         metrics: dict[str, float] = {}
@@ -186,22 +171,5 @@ class EntropyPhaseDiagram(HistoryCallback):
 
     def report(self, pl_module: pl.LightningModule) -> None:
         """Print the variance decomposition and the agreement (also in ``self.result``)."""
-        r, (a0, a1, a2) = self.result, self.axes
-        lines = [f"EntropyPhaseDiagram ({pl_module.activation_name}, eta = {pl_module.eta:g}, alpha = {r['alpha']:g}): "
-                 "share of the variance over the grid explained by each initial parameter alone"]
-        for src, table in r["var_explained"].items():
-            lines += [f"  {src:3s} {H}: " + ", ".join(f"{f} {v:.2f}" for f, v in s.items()) + f"  -> {max(s, key=s.get)}"
-                      for H, s in table.items()]
-        for H in ENTROPIES:
-            H_sim = r["sim"][H]
-            lines.append(f"  sim {H} mean at each {a2}: " + " ".join(f"{v:.2f}" for v in H_sim.mean(axis=(0, 1)))
-                         + f" | each {a0}: " + " ".join(f"{v:.2f}" for v in H_sim.mean(axis=(1, 2)))
-                         + f" | each {a1}: " + " ".join(f"{v:.2f}" for v in H_sim.mean(axis=(0, 2))))
-        if "ode" in r:
-            lines.append("  simulation vs ODE: " + ", ".join(
-                f"{H} mean |diff| {r['mean_abs_diff'][H]:.3f}, same side {r['same_side'][H]:.0%}" for H in ENTROPIES))
-        if "error" in r:
-            eps = r["error"]
-            lines.append(f"  final error: median {np.median(eps):.2e}, max {eps.max():.2e}, "
-                         f"{(eps < self.converged).mean():.0%} of members below {self.converged:g}")
-        rank_zero_info("\n".join(lines))
+        header = f"EntropyPhaseDiagram ({pl_module.activation_name}, eta = {pl_module.eta:g}, alpha = {self.result['alpha']:g})"
+        rank_zero_info(phase_report(self.result, header, self.converged))

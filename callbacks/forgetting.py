@@ -8,17 +8,16 @@ figures: ``zoo.plots.forgetting``; the ODE: ``MultiHeadStudent.mean_field``.
 """
 from __future__ import annotations
 
-import csv
 import math
 from typing import Literal
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, log_figure, output_path, warn_once
-from zoo.analysis.forgetting import error_matrix, forgetting_transfer, profile_shape, profiles
+from callbacks.base import HistoryCallback, log_figure, warn_once, write_table
+from zoo.analysis.forgetting import (error_matrix, forgetting_transfer, member_table, paired_differences, per_group,
+                                     profile_shape, profiles)
 
 
 class Forgetting(HistoryCallback):
@@ -161,18 +160,9 @@ class Forgetting(HistoryCallback):
         forgetting = read[:, 0] - at_switch[:, 0]
         self.result = {"forgetting": forgetting, "end": end, "at_switch": at_switch}
         if self.table and trainer.is_global_zero:
-            self._write_table(trainer, pl_module, forgetting, at_switch, end)
+            write_table(trainer, "forgetting_members.csv", member_table(pl_module.member_params, forgetting, at_switch, end))
         if self.over is not None:
             self._profile(trainer, pl_module, forgetting, end)
-
-    def _write_table(self, trainer, pl_module, forgetting: Tensor, at_switch: Tensor, end: Tensor) -> None:
-        rows = [{**p, "forgetting": float(forgetting[e]), **{f"task{t + 1}_error_switch": float(at_switch[e, t])
-                for t in range(end.shape[1])}, **{f"task{t + 1}_error_end": float(end[e, t]) for t in range(end.shape[1])}}
-                for e, p in enumerate(pl_module.member_params)]
-        with open(output_path(trainer, "forgetting_members.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-            writer.writeheader()
-            writer.writerows(rows)
 
     def _ode(self, trainer, pl_module) -> dict | None:
         """The ODE's forgetting (read like the simulation's) and final node norms of every member."""
@@ -204,8 +194,7 @@ class Forgetting(HistoryCallback):
                 metrics |= {f"{kind}/{g}/peak_{over}": s["peak"], **{f"{kind}/{g}/{c}": float(s[c])
                             for c in ("maslow", "monotonic", "flat")}}
                 if p["runs"] is not None and p["runs"].shape[1] > 1:  # what the shape test weighs
-                    diff = p["runs"] - p["runs"][:1]
-                    for x, dm_, se in list(zip(p["x"], diff.mean(1), diff.std(1, ddof=1) / math.sqrt(diff.shape[1])))[1:]:
+                    for x, dm_, se in list(zip(p["x"], *paired_differences(p["runs"])))[1:]:
                         metrics[f"{kind}/{g}/paired/{over}={x:g}-{over}={p['x'][0]:g}"] = dm_
                         metrics[f"{kind}/{g}/paired_se/{over}={x:g}-{over}={p['x'][0]:g}"] = se
             if P:
@@ -219,9 +208,9 @@ class Forgetting(HistoryCallback):
         if callable(getattr(pl_module, "order_parameters", None)) and hasattr(trainer.datamodule, "W_teachers"):
             Q = pl_module.order_parameters(trainer.datamodule.W_teachers)[0]  # final node norms sqrt(Q_ii), [S] Fig. 6b
             norms = torch.diagonal(Q, dim1=-2, dim2=-1).clamp_min(0).sqrt().cpu().numpy()
-            self.result["norms"] = _per_group(norms, params, over, self.repeats)
+            self.result["norms"] = per_group(norms, params, over, self.repeats)
             if ode is not None:
-                self.result["norms_ode"] = _per_group(ode["norms"].numpy(), params, over, self.repeats)
+                self.result["norms_ode"] = per_group(ode["norms"].numpy(), params, over, self.repeats)
         if self.figure and trainer.is_global_zero:
             self.result["png"] = self._figure(trainer, pl_module, prof, prof_ode, end)
 
@@ -238,8 +227,3 @@ class Forgetting(HistoryCallback):
                                         later=later, title=f"{type(pl_module).__name__}: forgetting of task 1 vs {over}")
         return log_figure(trainer, "forgetting_profile", fig, png="forgetting_profile.png", step=step)
 
-
-def _per_group(values: np.ndarray, member_params: list[dict], over: str, repeats: tuple[str, ...]) -> dict:
-    """Per-member rows ``values`` (E, u) as profiles: group -> (n_x, u), the mean over a group's runs."""
-    units = [profiles(values[:, u], member_params, over, repeats) for u in range(values.shape[1])]
-    return {g: np.stack([prof[g]["mean"] for prof in units], -1) for g in units[0]}

@@ -9,8 +9,8 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, log_figure, log_scalars, overlay_charts, resuming
-from zoo.analysis.gdln import run_summary, xor_times, xor_trajectories
+from callbacks.base import HistoryCallback, check_count, log_figure, log_scalars, overlay_charts, resuming
+from zoo.analysis.gdln import run_summary, xor_setting, xor_times, xor_trajectories
 from zoo.plots import gdln as plots
 from zoo.theory import gdln as theory
 
@@ -82,10 +82,9 @@ class LossCurves(EpochLosses):
 
     def __init__(self, every_n_epochs: int = 50, fractions: list[float] = [0.5, 0.1, 0.01], predict: bool = True,
                  log_y: bool = True, closed_form: bool = False) -> None:
-        if every_n_epochs < 1:
-            raise ValueError(f"LossCurves: every_n_epochs = {every_n_epochs}; allowed: a positive integer")
+        self.every_n_epochs = check_count("LossCurves", "every_n_epochs", every_n_epochs)
         super().__init__()
-        self.every_n_epochs, self.fractions, self.predict = every_n_epochs, _fractions("LossCurves", fractions), predict
+        self.fractions, self.predict = _fractions("LossCurves", fractions), predict
         self.log_y, self.closed_form, self.predictions = log_y, closed_form, {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -131,10 +130,7 @@ class LossCurves(EpochLosses):
         log_scalars(trainer, {f"epochs_to/{name}/{f:g}": float(v) for name, vs in times.items()
                               for f, v in zip(self.fractions, vs) if math.isfinite(float(v))})
         closed = {n[: -len("_closed_form")]: p for n, p in self.predictions.items() if n.endswith("_closed_form")}
-        lines = [f"{n}: " for n in self.recorded()] + ["closed form: " for _ in closed]
-        lines = [h + ", ".join(f"{v:.0f}" for v in times[k].tolist()) for h, k in
-                 zip(lines, [*self.recorded(), *(f"{n}_closed_form_predicted" for n in closed)])]
-        title = "epochs to " + "/".join(f"{f:g}" for f in self.fractions) + " of the initial loss\n" + "; ".join(lines)
+        title = plots.epochs_to_title(self.fractions, times, self.recorded(), list(closed))
         fig = plots.loss_curves({n: self.curve(n) for n in self.recorded()}, self.predictions, closed, title, self.log_y)
         log_figure(trainer, "loss_curves", fig, png="loss_curves.png")
 
@@ -150,9 +146,7 @@ class PathwaySingularValues(HistoryCallback):
 
     def __init__(self, every_n_steps: int = 100, n_modes: int = 3) -> None:
         super().__init__(every_n_steps)
-        if n_modes < 1:
-            raise ValueError(f"PathwaySingularValues: n_modes = {n_modes}; allowed: a positive integer")
-        self.n_modes = n_modes
+        self.n_modes = check_count("PathwaySingularValues", "n_modes", n_modes)
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
@@ -208,10 +202,7 @@ class XorLearningTimes(pl.Callback):
         if curves is None:
             raise TypeError("XorLearningTimes needs a callbacks.gdln.LossCurves in the same Trainer")
         nets = pl_module.networks()
-        m0 = next(iter(nets.values()))
-        a0 = next((m.initial_mode_strength() for m in nets.values() if hasattr(m, "initial_mode_strength")), 1e-6)
-        theory_kw = dict(tau=m0.tau(4), a0=a0, unit=4.0 if m0.reduction == "sum" else 1.0)  # closed forms: mean loss
-        return {name: curves.curve(name) for name in nets}, trainer.datamodule.deltas, theory_kw
+        return {name: curves.curve(name) for name in nets}, trainer.datamodule.deltas, xor_setting(nets)
 
     def trajectories(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[dict]:
         """[H] Fig. 2e data (``zoo.analysis.gdln.xor_trajectories``)."""

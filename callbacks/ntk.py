@@ -6,7 +6,7 @@ import re
 import lightning.pytorch as pl
 import torch
 
-from callbacks.base import HistoryCallback, log_figure, overlay_charts
+from callbacks.base import HistoryCallback, check_count, log_figure, overlay_charts
 
 
 class NTKDistance(HistoryCallback):
@@ -29,9 +29,8 @@ class NTKDistance(HistoryCallback):
 
     def __init__(self, every_n_steps: int = 10, probe_size: int = 32, seed: int = 0, figure: bool = True) -> None:
         super().__init__(every_n_steps)
-        if probe_size < 1:
-            raise ValueError(f"NTKDistance: probe_size = {probe_size}; allowed: a positive integer")
-        self.probe_size, self.seed, self.figure = probe_size, seed, figure
+        self.probe_size = check_count("NTKDistance", "probe_size", probe_size)
+        self.seed, self.figure = seed, figure
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "ntk")

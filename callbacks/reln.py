@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Literal
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, log_figure, log_matrix, log_scalars, resuming, warn_once
+from callbacks.base import HistoryCallback, check_count, log_figure, log_matrix, log_scalars, resuming, warn_once
 from zoo import reln
 from zoo.plots import gdln as plots
 
@@ -107,10 +106,8 @@ class HiddenMDS(HistoryCallback):
     def __init__(self, every_n_steps: int = 400, layer: int = -1, dim: int = 2, model: str | None = None,
                  max_panels: int = 6) -> None:
         super().__init__(every_n_steps)
-        for name, value in (("dim", dim), ("max_panels", max_panels)):
-            if value < 1:
-                raise ValueError(f"HiddenMDS: {name} = {value}; allowed: a positive integer")
-        self.layer, self.dim, self.model, self.max_panels = layer, dim, model, max_panels
+        self.dim, self.max_panels = check_count("HiddenMDS", "dim", dim), check_count("HiddenMDS", "max_panels", max_panels)
+        self.layer, self.model = layer, model
 
     @property
     def state_key(self) -> str:
@@ -133,11 +130,9 @@ class HiddenMDS(HistoryCallback):
             self._publish(trainer, *self._embed(trainer))
 
     def _embed(self, trainer: pl.Trainer) -> tuple[Tensor, float]:
-        """The MDS coordinates (N, dim) and the share of the Gram spectrum they hold."""
+        """The MDS coordinates (N, dim) and the share of the Gram spectrum they hold (``zoo.reln.hidden_mds``)."""
         H = self.net.hidden_activity(trainer.datamodule.X.to(self.net.W[0].device))[self.layer]
-        coords, evals = reln.classical_mds(reln.pairwise_distances(H).mean(0).cpu(), self.dim)
-        pos = evals.clamp(min=0)
-        return coords, float(pos[: self.dim].sum() / pos.sum()) if float(pos.sum()) > 0 else 0.0
+        return reln.hidden_mds(H, self.dim)
 
     def _publish(self, trainer: pl.Trainer, coords: Tensor, explained: float) -> None:
         self.log_scalars(trainer, {f"mds/{self.name}/explained": explained})
@@ -152,6 +147,5 @@ class HiddenMDS(HistoryCallback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and self.records:
-            idx = np.unique(np.linspace(0, len(self.records) - 1, min(self.max_panels, len(self.records))).round().astype(int))
-            fig = plots.mds([self.records[i] for i in idx], self.name, **_data_layout(trainer.datamodule))
+            fig = plots.mds(self.records, self.name, max_panels=self.max_panels, **_data_layout(trainer.datamodule))
             log_figure(trainer, f"mds_panels/{self.name}", fig, png="hidden_mds.png")

@@ -6,7 +6,7 @@ import re
 import lightning.pytorch as pl
 import torch
 
-from callbacks.base import HistoryCallback, log_figure, overlay_charts
+from callbacks.base import HistoryCallback, check_count, log_figure, overlay_charts
 
 
 class SingularValues(HistoryCallback):
@@ -25,9 +25,7 @@ class SingularValues(HistoryCallback):
 
     def __init__(self, every_n_steps: int = 10, max_modes: int = 8, figure: bool = True) -> None:
         super().__init__(every_n_steps)
-        if max_modes < 1:
-            raise ValueError(f"SingularValues: max_modes = {max_modes}; allowed: a positive integer")
-        self.max_modes, self.figure = max_modes, figure
+        self.max_modes, self.figure = check_count("SingularValues", "max_modes", max_modes), figure
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "mode_strengths")

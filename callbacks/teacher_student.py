@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, PeriodicCallback, log_figure, log_matrix, output_path, overlay_charts
+from callbacks.base import HistoryCallback, PeriodicCallback, check_count, log_figure, log_matrix, output_path, overlay_charts
 from zoo.plots import pyplot
 
 
@@ -28,12 +28,6 @@ def _teacher_data(trainer: pl.Trainer, who: str, *attrs: str):
         raise TypeError(f"{who} needs a teacher-student datamodule (datamodules.TeacherStudent) with "
                         f"{', '.join(missing)}; got {type(dm).__name__ if dm is not None else 'none'}")
     return dm
-
-
-def _count(who: str, name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or int(value) != value or value < minimum:
-        raise ValueError(f"{who}: {name} = {value!r}; allowed: an integer >= {minimum}")
-    return int(value)
 
 
 def _pair(i: int, j: int, n: int) -> str:
@@ -83,9 +77,9 @@ class OrderParameters(HistoryCallback):
     def __init__(self, every_n_steps: int = 1000, max_members: int = 8, max_images: int = 4,
                  images_every_n_steps: int | None = None, error_curve: bool = True, figure: bool = True) -> None:
         super().__init__(every_n_steps)
-        self.max_members = _count("OrderParameters", "max_members", max_members, 0)
-        self.max_images = _count("OrderParameters", "max_images", max_images, 0)
-        self.images_every_n_steps = every_n_steps if images_every_n_steps is None else _count(
+        self.max_members = check_count("OrderParameters", "max_members", max_members, 0)
+        self.max_images = check_count("OrderParameters", "max_images", max_images, 0)
+        self.images_every_n_steps = every_n_steps if images_every_n_steps is None else check_count(
             "OrderParameters", "images_every_n_steps", images_every_n_steps, 1)
         self.error_curve, self.figure = bool(error_curve), bool(figure)
         self._switches: set[int] = set()
@@ -168,7 +162,7 @@ class Entropies(PeriodicCallback):
 
     def __init__(self, every_n_steps: int = 1000, max_members: int = 32) -> None:
         super().__init__(every_n_steps)
-        self.max_members = _count("Entropies", "max_members", max_members, 0)
+        self.max_members = check_count("Entropies", "max_members", max_members, 0)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "entropies")
@@ -214,7 +208,7 @@ class TheoryOverlay(HistoryCallback):
     def __init__(self, every_n_steps: int = 1000, max_members: int = 8, mc: bool = True,
                  d_alpha: float = 0.01, figure: bool = True) -> None:
         super().__init__(every_n_steps)
-        self.max_members = _count("TheoryOverlay", "max_members", max_members, 1)
+        self.max_members = check_count("TheoryOverlay", "max_members", max_members, 1)
         if isinstance(d_alpha, bool) or not (isinstance(d_alpha, (int, float)) and 0 < d_alpha < math.inf):
             raise ValueError(f"TheoryOverlay: d_alpha = {d_alpha!r}; allowed: a positive number (the ODE's Euler "
                              "step in alpha: 0.01 at eta ~ 1, about 0.01 / eta for smaller eta)")
@@ -248,18 +242,12 @@ class TheoryOverlay(HistoryCallback):
             dm.W_teachers, dm.teacher_heads, [s / d for s in dm.switch_steps], alpha_end, d_alpha=self.d_alpha,
             record_every=None if fine <= 4e6 else 0.1, members=self.max_members)
 
-    def ode_error(self, alpha: float) -> Tensor:
-        """The ODE's error of every integrated member and task at time ``alpha``, (E', n_tasks)."""
-        a, eps = self.trajectory.alpha.numpy(), self.trajectory.eps.numpy()  # eps (E', n_rec, n_tasks)
-        return torch.tensor([[np.interp(alpha, a, eps[e, :, t]) for t in range(eps.shape[2])] for e in range(eps.shape[0])],
-                            dtype=torch.float64)
-
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         g, m, dm = self.now, self.max_members, trainer.datamodule
         if self.history["steps"] and self.history["steps"][-1] == g:
             return  # resumed at a logged step
         op = pl_module.task_errors(dm, "theory")[:m]
-        ode = self.ode_error(g / pl_module.d)
+        ode = self.trajectory.error_at(g / pl_module.d)
         sim = pl_module.task_errors(dm, "mc")[:m] if self.mc else None
         dev = (op - ode) / ode.abs().clamp_min(1e-12)
         metrics = {"error/rel_deviation_max": dev.abs().max()}

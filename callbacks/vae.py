@@ -7,8 +7,6 @@ They handle one ``BetaVAE`` (tags without a member) or every member of a sweep (
 """
 from __future__ import annotations
 
-import csv
-from contextlib import contextmanager
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -16,11 +14,11 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
-from callbacks.base import PeriodicCallback, log_figure, log_matrix, log_scalars, output_path, warn_once
+from callbacks.base import PeriodicCallback, check_count, log_figure, log_matrix, log_scalars, warn_once, write_table
 from zoo.analysis.sweeps import group_means
 from zoo.metrics.dci import DCIMetric, DCISetting, setting_with, update_on_grid
 from zoo.plots.vae import SWEEP_METRICS, sweep_figure, traversal_figure
-from zoo.vae import BetaVAE, vae_members
+from zoo.vae import vae_members
 
 Setting = Literal["fast", "full"]
 DCI_KEYS = ("disentanglement", "completeness", "informativeness_test_acc", "informativeness_train_acc")
@@ -28,16 +26,6 @@ DCI_KEYS = ("disentanglement", "completeness", "informativeness_test_acc", "info
 
 def _tag(name: str, label: str) -> str:
     return f"{name}/{label}" if label else name
-
-
-@contextmanager
-def _evaluating(vae: BetaVAE):
-    was = vae.training
-    vae.eval()
-    try:
-        yield next(vae.parameters()).device  # a sweep member is moved by its parent: read its device off its weights
-    finally:
-        vae.train(was)
 
 
 def _sampler(trainer: pl.Trainer, owner: str):
@@ -86,7 +74,7 @@ class DCI(PeriodicCallback):
         sample, out = _sampler(trainer, "DCI"), {}
         for label, vae in vae_members(pl_module):
             metric = DCIMetric(self.random_state, setting.n_estimators, self.n_jobs, sync_on_compute=False)
-            with _evaluating(vae) as device:
+            with vae.evaluating() as device:
                 update_on_grid(metric, lambda x: vae.codes(x.to(device)), sample, setting,
                                random_state=self.random_state)
             out[label] = metric.compute()
@@ -165,8 +153,7 @@ class LatentTraversals(_ImageCallback):
     def __init__(self, every_n_steps: int = 1000, steps: int = 9, span: list[float] = [-2.0, 2.0],
                  members: list[dict[str, float]] | None = None, seed: int = 0, png: bool = True) -> None:
         super().__init__(every_n_steps, members, seed)
-        if steps < 2:
-            raise ValueError(f"LatentTraversals: steps = {steps}; allowed: an integer >= 2")
+        steps = check_count("LatentTraversals", "steps", steps, minimum=2)
         if len(span) != 2 or not span[0] < span[1]:
             raise ValueError(f"LatentTraversals: span = {span}; allowed: [lo, hi] with lo < hi")
         self.values, self.png = torch.linspace(float(span[0]), float(span[1]), int(steps)), png
@@ -174,7 +161,7 @@ class LatentTraversals(_ImageCallback):
     def traversals(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
         x = self._points(trainer, 1)
         for label, vae in vae_members(pl_module, self.members):
-            with _evaluating(vae) as device:
+            with vae.evaluating() as device:
                 yield (label, *vae.traversal(x.to(device), self.values))
 
     def grids(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
@@ -207,14 +194,12 @@ class Reconstructions(_ImageCallback):
     def __init__(self, every_n_steps: int = 1000, n_images: int = 8, members: list[dict[str, float]] | None = None,
                  seed: int = 0) -> None:
         super().__init__(every_n_steps, members, seed)
-        if n_images < 1:
-            raise ValueError(f"Reconstructions: n_images = {n_images}; allowed: a positive integer")
-        self.n_images = int(n_images)
+        self.n_images = check_count("Reconstructions", "n_images", n_images)
 
     def grids(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
         x = self._points(trainer, self.n_images)
         for label, vae in vae_members(pl_module, self.members):
-            with _evaluating(vae) as device:
+            with vae.evaluating() as device:
                 x_hat = vae.evaluate(x.to(device))["x_hat"].cpu()
             yield label, make_grid(torch.cat([x, x_hat]), nrow=self.n_images, padding=1, pad_value=1.0)
 
@@ -234,9 +219,8 @@ class SweepFigure(pl.Callback):
     """
 
     def __init__(self, param: str = "g", n_points: int = 1000, seed: int = 1, name: str = "fig4_gain_dci") -> None:
-        if n_points < 1:
-            raise ValueError(f"SweepFigure: n_points = {n_points}; allowed: a positive integer")
-        self.param, self.n_points, self.seed, self.name = param, int(n_points), int(seed), name
+        self.n_points = check_count("SweepFigure", "n_points", n_points)
+        self.param, self.seed, self.name = param, int(seed), name
         self.results: list[dict] = []
 
     def _dci_callback(self, trainer: pl.Trainer) -> DCI:
@@ -260,14 +244,11 @@ class SweepFigure(pl.Callback):
         x, _ = _sampler(trainer, "SweepFigure")(self.n_points, torch.Generator().manual_seed(self.seed))
         self.results = []
         for (label, vae), params in zip(vae_members(pl_module), pl_module.member_params):
-            with _evaluating(vae) as device:
+            with vae.evaluating() as device:
                 recon = torch.cat([vae.evaluate(xb.to(device))["reconstruction"].cpu() for xb in x.split(500)])
             self.results.append({"label": label, **params, **{k: scores[label][k] for k in DCI_KEYS},
                                  "reconstruction": float(recon.double().mean())})
-        with open(output_path(trainer, f"{self.name}.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(self.results[0]))
-            w.writeheader()
-            w.writerows(self.results)
+        write_table(trainer, f"{self.name}.csv", self.results)
         title = f"[S] Fig. 4: DCI and reconstruction vs {self.param} (step {trainer.global_step})"
         log_figure(trainer, self.name, sweep_figure(self.results, self.param, title), png=f"{self.name}.png")
         summary = group_means(self.results, self.param, [k for k, _ in SWEEP_METRICS])

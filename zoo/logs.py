@@ -3,6 +3,7 @@ step, figures through ``add_figure`` plus one PNG, heatmaps, TensorBoard's custo
 fresh file names that never overwrite a user's file, and warnings given once. Rank 0 writes."""
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -43,6 +44,16 @@ def output_path(trainer: pl.Trainer, name: str) -> Path:
 
 
 _warned: set[str] = set()
+
+
+def write_table(trainer: pl.Trainer, name: str, rows: list[dict]) -> Path:
+    """``rows`` as the CSV file ``name`` (a fresh path, :func:`output_path`); the columns are every
+    row's keys in order of appearance."""
+    with open(path := output_path(trainer, name), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 def warn_once(message: str) -> None:

@@ -292,3 +292,12 @@ def classical_mds(D: Tensor, dim: int = 2) -> tuple[Tensor, Tensor]:
     if d < dim:
         coords = torch.cat([coords, torch.zeros(N, dim - d, dtype=torch.float64)], 1)
     return coords, evals
+
+
+def hidden_mds(H: Tensor, dim: int = 2) -> tuple[Tensor, float]:
+    """Classical MDS in ``dim`` dimensions of the data points' hidden activity H (E, N, n): the
+    coordinates (N, dim) of the distances averaged over members (each member's hidden basis is its
+    own) and the share of the Gram spectrum they hold."""
+    coords, evals = classical_mds(pairwise_distances(H).mean(0).cpu(), dim)
+    pos = evals.clamp(min=0)
+    return coords, float(pos[:dim].sum() / pos.sum()) if float(pos.sum()) > 0 else 0.0

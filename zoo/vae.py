@@ -52,7 +52,8 @@ MSE and explained variance (``zoo.metrics.reconstruction``), so ``lightning test
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import ClassVar
 
 import lightning.pytorch as pl
@@ -352,6 +353,17 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         """Reconstruction logits of x from the posterior means (no sampling)."""
         return self.decode(self.codes(x))
+
+    @contextmanager
+    def evaluating(self) -> Iterator[torch.device]:
+        """In eval mode for the block (the mode before is restored after it); yields the device of
+        the weights (a sweep member is moved by its parent, so this is where its inputs go)."""
+        was = self.training
+        self.eval()
+        try:
+            yield next(self.parameters()).device
+        finally:
+            self.train(was)
 
     @torch.no_grad()
     def evaluate(self, x: Tensor) -> dict[str, Tensor]:

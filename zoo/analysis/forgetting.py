@@ -130,6 +130,28 @@ def profiles(values: Tensor | np.ndarray, member_params: Sequence[Mapping[str, o
     return out
 
 
+
+def paired_differences(runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard error over the runs (axis 1) of each point's difference from the first
+    point of the same run: what the shape test of :func:`profile_shape` weighs."""
+    diff = runs - runs[:1]
+    return diff.mean(1), diff.std(1, ddof=1) / math.sqrt(diff.shape[1])
+
+
+def per_group(values: np.ndarray, member_params: Sequence[Mapping[str, object]], over: str,
+              repeats: tuple[str, ...]) -> dict:
+    """Per-member rows ``values`` (E, u) as profiles: group -> (n_x, u), the mean over a group's runs."""
+    units = [profiles(values[:, u], member_params, over, repeats) for u in range(values.shape[1])]
+    return {g: np.stack([prof[g]["mean"] for prof in units], -1) for g in units[0]}
+
+
+def member_table(member_params: Sequence[Mapping[str, object]], forgetting: Tensor, at_switch: Tensor,
+                 end: Tensor) -> list[dict]:
+    """A row per member: its parameters, its forgetting and every task's error at the switch and at the end."""
+    n = end.shape[1]
+    return [{**p, "forgetting": float(forgetting[e]), **{f"task{t + 1}_error_switch": float(at_switch[e, t]) for t in range(n)},
+             **{f"task{t + 1}_error_end": float(end[e, t]) for t in range(n)}} for e, p in enumerate(member_params)]
+
 def errors_to_kept(pred: Tensor, target: Tensor, task1: Sequence[int], task2: Sequence[int]) -> float:
     """Of task 1's test errors on the digits task 2 dropped, the fraction predicted as a label whose
     digit task 2 kept ([S] App. G runs; ``pred``, ``target`` (N,) task 1 labels, ``task1``/``task2``

@@ -28,6 +28,15 @@ def run_summary(losses: Tensor, fractions: tuple[float, ...]) -> dict:
     return {"member": e, "epochs_to": times[:, e], "min": times.min(1).values, "max": times.max(1).values}
 
 
+def xor_setting(nets: dict) -> dict:
+    """The closed forms' ``tau``, ``a0`` and loss ``unit`` for ``nets`` (name -> network; the first
+    sets the time scale, the first with ``initial_mode_strength`` the initial strength, else 1e-6):
+    the keywords of :func:`xor_times` and :func:`xor_trajectories`."""
+    m0 = next(iter(nets.values()))
+    a0 = next((m.initial_mode_strength() for m in nets.values() if hasattr(m, "initial_mode_strength")), 1e-6)
+    return dict(tau=m0.tau(4), a0=a0, unit=4.0 if m0.reduction == "sum" else 1.0)  # closed forms: mean loss
+
+
 def xor_times(curves: dict[str, tuple[Tensor, Tensor]], deltas: Tensor, criterion: float, *, tau: float, a0: float,
               unit: float = 1.0) -> dict[str, Tensor]:
     """[H] Fig. 2d: steps to the loss ``criterion`` (a mean loss over the 4 points) for every

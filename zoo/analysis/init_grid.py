@@ -70,3 +70,53 @@ def variance_explained(H: np.ndarray, axes: Sequence[str]) -> dict[str, float]:
         ss = ((np.broadcast_to(level_means, H.shape) - H.mean()) ** 2).sum()
         out[key] = float(ss / total) if total > 0 else 0.0
     return out
+
+
+ENTROPIES = ("H_m", "H_Q", "H_h")
+"""[S] Eq. 10: the aggregate (Fig. 5) first, then the unit and head entropies (Fig. 10)."""
+
+
+def phase_record(grid: InitGrid, sim: Mapping[str, torch.Tensor], maxima: Mapping[str, float], threshold: float,
+                 ode: Mapping[str, torch.Tensor] | None = None, ode_error: torch.Tensor | None = None,
+                 error: torch.Tensor | None = None) -> dict:
+    """The ``ENTROPIES`` of every member (``sim``; ``ode``: the mean-field ODE's at the same time)
+    arranged on ``grid``, with each axis's share of their variance (``var_explained``: source ->
+    entropy -> axis); beside the ODE the grid mean of ``|sim - ode|`` (``mean_abs_diff``) and the
+    fraction of cells on the same side of ``threshold * maxima[H]`` (``same_side``); the final
+    errors (``error``, ``ode_error``) on the grid where given."""
+    r: dict = {"axes": grid.axes, "values": grid.values, "max": dict(maxima),
+               "sim": {H: grid.arrange(sim[H]) for H in ENTROPIES}}
+    if ode is not None:
+        r["ode"] = {H: grid.arrange(ode[H]) for H in ENTROPIES}
+        r["ode_error"] = grid.arrange(ode_error)
+        cut = {H: threshold * r["max"][H] for H in ENTROPIES}
+        r["mean_abs_diff"] = {H: float(np.abs(r["sim"][H] - r["ode"][H]).mean()) for H in ENTROPIES}
+        r["same_side"] = {H: float(((r["sim"][H] < cut[H]) == (r["ode"][H] < cut[H])).mean()) for H in ENTROPIES}
+    r["var_explained"] = {src: {H: variance_explained(r[src][H], grid.axes) for H in ENTROPIES}
+                          for src in ("sim", "ode") if src in r}
+    if error is not None:
+        r["error"] = grid.arrange(error)
+    return r
+
+
+def phase_report(r: Mapping, header: str, converged: float) -> str:
+    """A :func:`phase_record` as text: each axis's share of the variance, the simulation's mean at
+    each value of each axis, the agreement with the ODE and the final errors (below ``converged``)."""
+    a0, a1, a2 = r["axes"]
+    lines = [f"{header}: share of the variance over the grid explained by each initial parameter alone"]
+    for src, table in r["var_explained"].items():
+        lines += [f"  {src:3s} {H}: " + ", ".join(f"{f} {v:.2f}" for f, v in s.items()) + f"  -> {max(s, key=s.get)}"
+                  for H, s in table.items()]
+    for H in ENTROPIES:
+        H_sim = r["sim"][H]
+        lines.append(f"  sim {H} mean at each {a2}: " + " ".join(f"{v:.2f}" for v in H_sim.mean(axis=(0, 1)))
+                     + f" | each {a0}: " + " ".join(f"{v:.2f}" for v in H_sim.mean(axis=(1, 2)))
+                     + f" | each {a1}: " + " ".join(f"{v:.2f}" for v in H_sim.mean(axis=(0, 2))))
+    if "ode" in r:
+        lines.append("  simulation vs ODE: " + ", ".join(
+            f"{H} mean |diff| {r['mean_abs_diff'][H]:.3f}, same side {r['same_side'][H]:.0%}" for H in ENTROPIES))
+    if "error" in r:
+        eps = r["error"]
+        lines.append(f"  final error: median {np.median(eps):.2e}, max {eps.max():.2e}, "
+                     f"{(eps < converged).mean():.0%} of members below {converged:g}")
+    return "\n".join(lines)

@@ -11,6 +11,15 @@ from zoo.plots import pyplot
 MAX_POINTS = 2000  # per faded curve: 100 runs x 20,000 epochs would draw slowly and show no more
 
 
+def epochs_to_title(fractions: list[float], times: dict[str, Tensor], names: list[str], closed: list[str]) -> str:
+    """The title of :func:`loss_curves`: epochs to each of ``fractions`` of the initial loss of every
+    network in ``names`` and of the closed form of those in ``closed`` (``times``: member means)."""
+    lines = [f"{n}: " for n in names] + ["closed form: " for _ in closed]
+    lines = [h + ", ".join(f"{v:.0f}" for v in times[k].tolist()) for h, k in
+             zip(lines, [*names, *(f"{n}_closed_form_predicted" for n in closed)])]
+    return "epochs to " + "/".join(f"{f:g}" for f in fractions) + " of the initial loss\n" + "; ".join(lines)
+
+
 def loss_curves(curves: dict[str, tuple[Tensor, Tensor]], predicted: dict[str, tuple[Tensor, Tensor]],
                 closed_form: dict[str, tuple[Tensor, Tensor]], title: str, log_y: bool = True):
     """Member-mean loss (T, E) of every network (solid), its theory (dashed) and the closed form
@@ -146,9 +155,14 @@ def reln_gates(result: dict, title: str, bounds: list[float], rule: str):
     return fig
 
 
-def mds(records: list[tuple[int, Tensor]], name: str, context: Tensor | None = None, n_items: int | None = None):
-    """Classical-MDS coordinates (N, dim) of the data points, one panel per (epoch, coords) record;
-    coloured by ``context`` and labelled by item when given."""
+def mds(records: list[tuple[int, Tensor]], name: str, context: Tensor | None = None, n_items: int | None = None,
+        max_panels: int | None = None):
+    """Classical-MDS coordinates (N, dim) of the data points, one panel per (epoch, coords) record
+    (at most ``max_panels``, evenly spaced, first and last kept); coloured by ``context`` and
+    labelled by item when given."""
+    if max_panels is not None and len(records) > max_panels:
+        idx = np.unique(np.linspace(0, len(records) - 1, max_panels).round().astype(int))
+        records = [records[i] for i in idx]
     plt = pyplot()
     fig, axes = plt.subplots(1, len(records), figsize=(3.0 * len(records), 3.0), dpi=90, squeeze=False)
     for ax, (epoch, c) in zip(axes[0], records):

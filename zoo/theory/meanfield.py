@@ -61,6 +61,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -482,6 +483,13 @@ class MeanFieldTrajectory:
     def index(self, alpha: float) -> int:
         """Index of the record nearest to time ``alpha``."""
         return int(torch.argmin((self.alpha - alpha).abs()))
+
+    def error_at(self, alpha: float) -> Tensor:
+        """Every member's error on every task at time ``alpha``, (E, n_tasks) float64, interpolated
+        linearly between the records."""
+        a, eps = self.alpha.numpy(), self.eps.numpy()
+        return torch.tensor([[np.interp(alpha, a, eps[e, :, t]) for t in range(eps.shape[2])] for e in range(eps.shape[0])],
+                            dtype=torch.float64)
 
 
 def _eta2(activation: str, eta2_term: Optional[bool]) -> bool:
