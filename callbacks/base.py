@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from zoo.distributed import all_members, gather_outputs
+
 # the run's loggers and folder: re-exported so that callbacks import from this module alone
 from zoo.logs import log_figure, log_matrix, log_scalars, output_path, overlay_charts, warn_once, write_table  # noqa: F401
 
@@ -57,17 +59,22 @@ class PeriodicCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.now = self.clock(trainer, pl_module)
-        self.on_start(trainer, pl_module)
-        # a resumed run starts at a checkpoint saved after this step's work was done and logged:
-        # doing it again would add a second point at the same step
-        if not resuming(trainer):
-            self.on_due(trainer, pl_module, None)
-        else:  # the next due() counts from the checkpoint's step, as it did in the run that saved it
+        # member-parallel (zoo.distributed): every rank gathers all members, rank 0 records and writes
+        with all_members(pl_module):
+            self.on_start(trainer, pl_module)
+            # a resumed run starts at a checkpoint saved after this step's work was done and logged:
+            # doing it again would add a second point at the same step
+            if not resuming(trainer):
+                self.on_due(trainer, pl_module, None)
+        if resuming(trainer):  # the next due() counts from the checkpoint's step, as it did in the run that saved it
             self._prev_step = self.now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # the clock is the same on every rank (one stream, one step count), so all ranks enter together
         if self.due(trainer, pl_module):
-            self.on_due(trainer, pl_module, outputs)
+            outputs = gather_outputs(pl_module, outputs)
+            with all_members(pl_module):
+                self.on_due(trainer, pl_module, outputs)
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Once, when training starts (before the first ``on_due``)."""

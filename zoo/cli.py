@@ -57,6 +57,9 @@ def _cli_class():
     from zoo.checkpoint_checks import check_checkpoint, plain_value
     from zoo.errors import before_first_batch, yaml_non_finite
     from zoo.config_checks import check_finite_settings, check_trainer_settings
+    from zoo.distributed import register
+
+    register()  # strategy "ddp": member-parallel for the ensembles (zoo.distributed.EnsembleDDP)
 
     class ZooCLI(LightningCLI):
         """LightningCLI whose invalid settings are reported before training, not as tracebacks; that
@@ -75,6 +78,7 @@ def _cli_class():
             config = {**(_section(self.config_init, "trainer") or {}), **kwargs}
             if self.subcommand in (None, "fit"):
                 kwargs.update(_with_run_checkpoint(config))
+            kwargs.update(_member_parallel_settings(config, self.model))
             trainer = super().instantiate_trainer(**kwargs)
             if self.subcommand == "fit":
                 _resume_into_run_folder(trainer, _section(self.config_init, "ckpt_path"))
@@ -210,6 +214,18 @@ def _resolve_last_checkpoint(config) -> None:
         raise ValueError(f"ckpt_path = 'last': no run with checkpoints/last.ckpt under {root}/version_*; "
                          "allowed: 'last' where a run has saved one, or the path of a .ckpt file")
     config[sub]["ckpt_path"] = str(found)
+
+
+def _member_parallel_settings(trainer_config: dict, model) -> dict:
+    """An ensemble under the member-parallel strategy reads the whole stream on every rank
+    (``zoo.distributed``): no distributed sampler."""
+    from zoo.distributed import MemberParallel, STRATEGY_NAME
+
+    strategy = trainer_config.get("strategy")
+    named = strategy in (STRATEGY_NAME, "ddp_members") or type(strategy).__name__ == "EnsembleDDP"
+    if named and isinstance(model, MemberParallel) and model.n_members() > 1:
+        return {"use_distributed_sampler": False}
+    return {}
 
 
 def _with_run_checkpoint(trainer_config: dict) -> dict:
