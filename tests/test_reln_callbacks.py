@@ -23,6 +23,7 @@ def _tags(folder) -> set[str]:
     return set(acc.Tags()["images"]) | set(acc.Tags()["scalars"])
 
 
+@pytest.mark.slow
 def test_activation_patterns_records_and_clusters(tmp_path):
     dm = Contexts(3, "same", batches_per_epoch=6)  # 6 steps x 500 epochs
     model = ReLUNet(hidden=[40], ensemble=2, init=Gaussian(sigma=7.142857e-06), lr=1e-3, epochs_per_step=500)

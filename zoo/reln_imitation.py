@@ -240,7 +240,8 @@ class ImitationGDLNs(Comparison):
         log_scalars(trainer, {**{f"reln/imitation_error/k{k}": e for k, e in zip(r["ks"], r["errors"])},
                               "reln/elbow_k": r["elbow_k"]})
         dm = trainer.datamodule
-        title = f"{type(self.record.net).__name__}, last hidden layer: k-means centroids (black = active), {len(r['epochs'])} records"
+        title = (f"{type(self.record.net).__name__}, last hidden layer: k-means centroids (black = active), "
+                 f"{len(r['epochs'])} records")
         log_figure(trainer, "reln/elbow", plots.reln_gates(r, title, getattr(dm, "n_contexts", None),
                                                            getattr(dm, "n_items", None), self.rule),
                    png="reln_elbow.png")
