@@ -123,3 +123,6 @@ def test_phase_2_resumes_exactly_and_tests(tmp_path, one_thread, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the test command's run folder
     cli = run_cli("test", *args, "--ckpt_path", str(full / "checkpoints" / "last.ckpt"))
     assert {"test/mse/k1", "test/mse/k2"} <= set(cli.trainer.callback_metrics)
+    # the checkpoint holds this module's own arguments: it loads without a config
+    loaded = ImitationGDLNs.load_from_checkpoint(full / "checkpoints" / "last.ckpt", map_location="cpu")
+    assert loaded.names == ["k1", "k2"] and torch.equal(loaded.models[1].W[0], cli.model.models[1].W[0])

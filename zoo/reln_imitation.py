@@ -151,6 +151,8 @@ class ImitationGDLNs(Comparison):
                                        reduction=relu.reduction, seed=relu.seed, n_shared=n_shared) for C in centroids]
         # every recorded epoch ends a chunk of epochs (see epochs_per_step)
         super().__init__(models, names=[f"k{k}" for k in found_ks], epochs_per_step=math.gcd(*record.epochs))
+        # this module's arguments, not the Comparison's it was built from (load_from_checkpoint calls it with them)
+        self.remove_ignored_hparams(["models", "names", "epochs_per_step"])
         save_own_hyperparameters(self)
         self.record, self.ks, self.centroids = record, found_ks, centroids
         self.rule, self.rel_tol = elbow_rule, rel_tol
