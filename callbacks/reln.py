@@ -1,15 +1,14 @@
 """Callbacks for finding a ReLU net's ReLN ([H] App. B, Figs. 8-9) and for the MDS of hidden
-representations ([H] Figs. 3-4). They record and log; the k-means, the GDLNs fitted per k and
-the MDS are ``zoo.reln``'s, the figures ``zoo.plots.gdln``'s."""
+representations ([H] Figs. 3-4). They record and log; the k-means and the MDS are ``zoo.reln``'s,
+the figures ``zoo.plots.gdln``'s; the GDLN per k that imitates the ReLU net is a fit of its own
+(``zoo.reln_imitation``)."""
 from __future__ import annotations
-
-from typing import Literal
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, check_count, log_figure, log_matrix, log_scalars, resuming, warn_once
+from callbacks.base import HistoryCallback, check_count, log_figure, log_matrix, resuming
 from zoo import reln
 from zoo.plots import gdln as plots
 
@@ -29,34 +28,48 @@ def _data_layout(dm) -> dict:
 
 
 class ActivationPatterns(HistoryCallback):
-    """ReLN discovery by k-means ([H] App. B, Alg. 1; Figs. 8-9) in hidden ``layer`` (-1: the last)
-    of a ReLU net (``model`` in a Comparison, default its first). At epoch 0 and every
+    """ReLN discovery by k-means, phase 1 ([H] App. B, Alg. 1; Fig. 8) in hidden ``layer`` (-1: the
+    last) of a ReLU net (``model`` in a Comparison, default its first). At epoch 0 and every
     ``every_n_epochs`` (Alg. 1: 100; at the first step end past each multiple) every unit's binary
-    pattern over the data is kept as a row (all members: Alg. 1's runs). At the end
-    ``zoo.reln.discover_gates`` (its settings: ``ks``, ``n_hidden``, ...) k-means them per k
-    (images ``reln/centroids/k<k>``) and with ``elbow``, for the last layer, fits a GDLN per k
-    (``reln/imitation_error/k<k>``, ``reln/elbow_k``); PNG ``reln_gates.png`` (``reln_layer<l>_...``)."""
+    pattern over the data is kept as a row (all members: Alg. 1's runs), with the net's outputs;
+    the record is in the callback's checkpointed state. At the end ``zoo.reln.centroids_per_k``
+    k-means the rows for each k in ``ks`` (images ``reln/centroids/k<k>``, PNG ``reln_gates.png``,
+    ``reln_layer<l>_gates.png`` for a deeper net). The GDLN per k and the elbow ([H] Fig. 9) are
+    phase 2, a fit of their own that reads this run's checkpoint (``zoo.reln_imitation.ImitationGDLNs``);
+    ``elbow`` stays only to say so."""
 
     unit = "epochs"
     HISTORY_KEYS = ("epochs", "rows", "outputs")
 
     def __init__(self, every_n_epochs: int = 100, ks: list[int] = [1, 2, 3, 4, 5, 6], layer: int = -1,
-                 elbow: bool = True, elbow_rule: Literal["kneedle", "within"] = "kneedle", rel_tol: float = 0.1,
-                 n_hidden: int = 100, threshold: float = 0.5, random_state: int = 0, n_init: int = 10,
-                 model: str | None = None) -> None:
+                 random_state: int = 0, n_init: int = 10, model: str | None = None, elbow: bool = False) -> None:
         super().__init__(every_n_epochs)
-        self.kw = dict(n_hidden=n_hidden, threshold=threshold, rule=elbow_rule, rel_tol=rel_tol, n_init=n_init)
-        reln.check_discovery(ks, caller="ActivationPatterns", **self.kw)
-        self.ks, self.layer, self.do_elbow, self.model = sorted(int(k) for k in ks), layer, elbow, model
-        self.kw["random_state"], self.result = random_state, {}
+        if elbow:
+            raise ValueError("ActivationPatterns: elbow = True; allowed: false. The GDLN per k and the elbow are a "
+                             "fit of their own (phase 2): lightning fit --config recipes/haste_slowly/fig9_reln_elbow.yaml "
+                             "--model.init_args.relu_checkpoint=<this run>/checkpoints/last.ckpt")
+        reln.check_discovery(ks, n_init=n_init, caller="ActivationPatterns")
+        self.ks, self.layer, self.model = sorted(int(k) for k in ks), layer, model
+        self.kw, self.result = dict(random_state=random_state, n_init=n_init), {}
+        self.name: str | None = None  # the network's name and place in the module's networks(), from on_start
+        self.index = 0
 
     @property
     def state_key(self) -> str:
         # one callback per layer (recipes/haste_slowly/fig6_depth.yaml): each keeps its own record
         return self._generate_state_key(layer=self.layer, model=self.model, every_n_epochs=self.every_n_steps)
 
+    def state_dict(self) -> dict:
+        # what phase 2 (zoo.reln_imitation) reads besides the record: which network and layer it is of
+        if self.name is None:
+            return super().state_dict()
+        n = len(self.net.hidden)
+        return {**super().state_dict(), "network": self.name, "network_index": self.index, "layer": self.layer % n,
+                "n_layers": n}
+
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.name, self.net = _network(pl_module, self.model)
+        self.index = list(pl_module.networks()).index(self.name) if callable(getattr(pl_module, "networks", None)) else 0
         if not callable(getattr(self.net, "activation_patterns", None)):
             raise TypeError(f"ActivationPatterns needs a ReLUNet (activation_patterns()); {type(self.net).__name__} has none")
         n = len(self.net.hidden)
@@ -73,23 +86,15 @@ class ActivationPatterns(HistoryCallback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        dm, n_layers = trainer.datamodule, len(self.net.hidden)
-        if self.do_elbow and self.layer % n_layers != n_layers - 1:
-            warn_once("ActivationPatterns: the elbow gates the last hidden layer (the first of a two-layer net is the "
-                      "ReLN's shared linear layer, [H] Sec. 6); for this layer only the centroids are reported")
-        h = self.history
-        self.result = r = reln.discover_gates(self.net, torch.cat(h["rows"]).float(), torch.stack(h["outputs"]), h["epochs"],
-                                              dm.X, dm.Y, self.ks, layer=self.layer, fit_gdlns=self.do_elbow, **self.kw)
+        dm, n_layers, h = trainer.datamodule, len(self.net.hidden), self.history
+        ks, cents = reln.centroids_per_k(torch.cat(h["rows"]).float(), self.ks, **self.kw)
+        self.result = {"ks": ks, "centroids": cents, "epochs": list(h["epochs"])}
         prefix = f"reln/layer{self.layer % n_layers}" if n_layers > 1 else "reln"
-        for k, C in zip(r["ks"], r["centroids"]):
+        for k, C in zip(ks, cents):
             log_matrix(trainer, f"{prefix}/centroids/k{k}", C, symmetric=False)
-        metrics = {f"reln/imitation_error/k{k}": e for k, e in zip(r["ks"], r["errors"])}
-        metrics.update({} if r["elbow_k"] is None else {"reln/elbow_k": r["elbow_k"]})
-        if metrics:
-            log_scalars(trainer, metrics)
-        bounds = [c * dm.n_items - 0.5 for c in range(1, dm.n_contexts)] if hasattr(dm, "n_contexts") else []
         title = f"{self.name} {prefix}: k-means centroids (black = active; columns = data points; {len(h['epochs'])} records)"
-        log_figure(trainer, f"{prefix}/gates", plots.reln_gates(r, title, bounds, self.kw["rule"]),
+        log_figure(trainer, f"{prefix}/gates", plots.reln_gates(self.result, title, getattr(dm, "n_contexts", None),
+                                                                getattr(dm, "n_items", None)),
                    png=prefix.replace("/", "_") + "_gates.png")
 
 

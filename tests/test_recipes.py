@@ -3,7 +3,9 @@
 A recipe may carry a header line ``# smoke-test: <extra CLI args>`` to shrink itself further;
 otherwise it runs with ``--trainer.max_steps=3``. A recipe on real MNIST carries
 ``# needs-data: MNIST``: the test copies the shared original files into ``data/`` of its run
-folder, as a user does (README), and is skipped where they are absent.
+folder, as a user does (README), and is skipped where they are absent. A phase 2 recipe that reads
+phase 1's run folder carries ``# needs-phase-1: <recipe under recipes/>``: that recipe's smoke test
+runs first, in the same folder.
 """
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ from tests.helpers_mnist import SHARED_RAW
 pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
 
 RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml"))
+
+
+def _phase_1(path):
+    for line in path.read_text().splitlines():
+        if line.startswith("# needs-phase-1:"):
+            return REPO / "recipes" / line.split(":", 1)[1].strip()
+    return None
 
 
 def _smoke_args(path) -> list[str]:
@@ -40,6 +49,8 @@ def test_recipe_runs(recipe, in_tmp):
         raw.mkdir(parents=True)
         for f in SHARED_RAW.glob("*.gz"):
             shutil.copyfile(f, raw / f.name)
+    if (phase_1 := _phase_1(recipe)) is not None:
+        run_cli("fit", "--config", str(phase_1), "--trainer.enable_progress_bar=false", *_smoke_args(phase_1))
     cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *_smoke_args(recipe))
     assert cli.trainer.global_step > 0
     log_dir = cli.trainer.log_dir

@@ -79,7 +79,8 @@ def test_gdln_from_found_gates_trains_like_hand_built_reln():
     hand = dm.gating("reln")
     g = reln.gating_from_patterns(hand.gates.T, 11, inputs=hand.inputs)
     kw = dict(n_hidden=5, init=Gaussian(sigma=0.1), ensemble=2, lr=1e-3, reduction="sum", seed=3)
-    a = reln.gdln_from_gating(g, dm.X, dm.Y, **kw)
+    a = reln.gdln_for_gating(g, **kw)
+    a.build(dm.X, dm.Y)
     b = GDLN(gating="reln", **kw)
     b.attach(dm)
     b.build(dm.X, dm.Y)
@@ -91,7 +92,8 @@ def test_train_outputs_and_imitation_error():
     dm = Contexts(3, "same")
     g = reln.gating_from_patterns(dm.gating("reln").gates.T, 11)
     kw = dict(n_hidden=4, init=Gaussian(sigma=0.1), ensemble=2, lr=1e-3, reduction="sum", seed=1)
-    a, b = (reln.gdln_from_gating(g, dm.X, dm.Y, **kw) for _ in range(2))
+    a, b = (reln.gdln_for_gating(g, **kw) for _ in range(2))
+    a.build(dm.X, dm.Y), b.build(dm.X, dm.Y)
     outs_a, outs_b = reln.train_outputs(a, dm.X, dm.Y, [0, 5, 10]), reln.train_outputs(b, dm.X, dm.Y, [0, 10])
     assert outs_a.shape == (3, 2, 24, 60)
     assert torch.equal(outs_a[-1], outs_b[-1])  # 10 epochs in one go or in two chunks: the same
@@ -122,6 +124,15 @@ def test_elbow_rule():
         reln.elbow([1, 2], [1.0])
     with pytest.raises(ValueError, match="rule"):
         reln.elbow(ks, measured, "knee")
+
+
+def test_centroids_per_k_leaves_out_ks_above_the_non_silent_rows():
+    rows = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 0], [1, 0, 0]])  # one silent row
+    ks, cents = reln.centroids_per_k(rows, [1, 2, 3, 4], n_init=2)
+    assert ks == [1, 2, 3] and [C.shape for C in cents] == [(1, 3), (2, 3), (3, 3)]
+    # a centroid is the mean of its rows (k-means' float64 sums: 1e-12)
+    assert torch.allclose(cents[0], torch.tensor([[2 / 3, 1 / 3, 0]], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(cents[1], torch.tensor([[1.0, 0, 0], [0, 1, 0]], dtype=torch.float64), atol=1e-12)
 
 
 def test_cluster_patterns_rejects_bad_input():

@@ -312,6 +312,7 @@ def build_cli(args: list[str] | None = None, *, run: bool = True, parser_kwargs:
     import zoo.sae  # noqa: F401
     import zoo.gdln  # noqa: F401
     import zoo.gdln_depth  # noqa: F401
+    import zoo.reln_imitation  # noqa: F401
     import zoo.init  # noqa: F401
 
     return _cli_class()(

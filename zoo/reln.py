@@ -15,18 +15,20 @@ Choices the paper leaves open, made here (THEORY.md 2b "Finding the gates"):
   the cluster's units fire on it). Empty and duplicate patterns are dropped.
 * Every found pathway reads every input (the ReLU units do); a pathway on for all points is
   "common" (for the authors' two-loss scheme).
-* Imitation error for k: a GDLN with the found gates, trained from the ReLU net's init scale with
-  its learning rate for the same epochs; the mean over recorded epochs, points and outputs of
+* Imitation error for k: a GDLN with the found gates, trained from the ReLU net's init scheme,
+  learning rate and seed for the same epochs; the mean over recorded epochs, points and outputs of
   ``|f_ReLU - f_GDLN|^2`` (member-mean outputs of each), [H] App. B "the mean-squared error between
-  the ReLU network and the GDLN".
+  the ReLU network and the GDLN". Training those GDLNs is a fit of its own
+  (``zoo.reln_imitation.ImitationGDLNs``, phase 2, reading the ReLU net's checkpoint); here are the
+  pieces it is built from.
 * Elbow rule, two on offer (``elbow``): "kneedle" (normalise k and the error to [0, 1], take the
   k farthest below the chord from the first to the last point) and "within" (the smallest k whose
   error is within ``rel_tol`` = 10% of the best). On the three-context task kneedle picks 3 and
-  "within" 4 (recipes/haste_slowly/fig8_9_reln_discovery.yaml).
+  "within" 4 (recipes/haste_slowly/fig9_reln_elbow.yaml).
 
-Pure torch / numpy / scikit-learn: no Lightning, except that ``gdln_from_gating`` and
-``imitation_errors``, ``discover_gates`` build and train a ``zoo.gdln.GDLN`` (imported on use; its training loop
-``run_epochs`` needs no Trainer).
+Pure torch / numpy / scikit-learn: no Lightning, except that ``gdln_for_gating`` builds a
+``zoo.gdln.GDLN`` (imported on use) and ``train_outputs`` runs its Trainer-free loop ``run_epochs``
+(for notebooks, and the tests' reference for ImitationGDLNs).
 """
 from __future__ import annotations
 
@@ -43,9 +45,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from zoo.init import InitScheme
 
 __all__ = [
-    "pattern_rows", "cluster_patterns", "threshold_centroids", "gating_from_patterns", "gdln_from_gating",
-    "train_outputs", "imitation_error", "imitation_errors", "check_discovery", "discover_gates", "elbow", "classical_mds",
-    "pairwise_distances",
+    "pattern_rows", "cluster_patterns", "centroids_per_k", "threshold_centroids", "gating_from_patterns",
+    "gdln_for_gating", "train_outputs", "imitation_error", "check_discovery", "elbow", "classical_mds",
+    "pairwise_distances", "hidden_mds",
 ]
 
 
@@ -119,19 +121,17 @@ def gating_from_patterns(patterns: Tensor, n_in: int, inputs: Tensor | None = No
     return Gating(gates, inputs.float(), common, names)
 
 
-def gdln_from_gating(gating: Gating, X: Tensor, Y: Tensor, *, n_hidden: int, init: "InitScheme",
-                     ensemble: int, lr: float, reduction: Literal["mean", "sum"], seed: int = 0,
-                     n_shared: int | None = None) -> "GDLN":
-    """A ``zoo.gdln.GDLN`` with these gates, built for data (X, Y) and ready for ``run_epochs``;
-    with ``n_shared`` a ``zoo.gdln_depth.DepthGDLN`` (a shared linear layer of that width before
-    the gated pathways: the ReLN of a two-hidden-layer ReLU net, [H] Sec. 6)."""
+def gdln_for_gating(gating: Gating, *, n_hidden: int, init: "InitScheme", ensemble: int, lr: float,
+                    reduction: Literal["mean", "sum"], seed: int = 0, n_shared: int | None = None) -> "GDLN":
+    """A ``zoo.gdln.GDLN`` with these gates (its weights follow from ``build(X, Y)``, which a
+    Trainer calls at setup); with ``n_shared`` a ``zoo.gdln_depth.DepthGDLN`` (a shared linear
+    layer of that width before the gated pathways: the ReLN of a two-hidden-layer ReLU net, [H] Sec. 6)."""
     from zoo.gdln import GDLN
     from zoo.gdln_depth import DepthGDLN
 
     kw = dict(gating="found", n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr, reduction=reduction, seed=seed)
     m = GDLN(**kw) if n_shared is None else DepthGDLN(n_shared=n_shared, **kw)
     m.set_gating(gating)
-    m.build(X, Y)
     return m
 
 
@@ -158,27 +158,18 @@ def imitation_error(relu_outputs: Tensor, gdln_outputs: Tensor) -> float:
     return float((relu_outputs.double().mean(1) - gdln_outputs.double().mean(1)).pow(2).mean())
 
 
-def imitation_errors(samples: Tensor, X: Tensor, Y: Tensor, relu_outputs: Tensor, epochs: Sequence[int],
-                     ks: Sequence[int], *, n_hidden: int, init: "InitScheme", ensemble: int, lr: float,
-                     reduction: Literal["mean", "sum"], seed: int = 0, random_state: int = 0,
-                     n_init: int = 10) -> tuple[list[float], list[Tensor], list[Gating]]:
-    """For each k: k-means centroids, their gates, and the error of the GDLN with those gates
-    against the ReLU net's outputs ``relu_outputs`` (T, E, N, n_out) at ``epochs`` ([H] Fig. 9)."""
-    errors, cents, gatings = [], [], []
-    for k in ks:
-        C = cluster_patterns(samples, k, random_state=random_state, n_init=n_init)
-        g = gating_from_patterns(threshold_centroids(C), X.shape[-1])
-        m = gdln_from_gating(g, X, Y, n_hidden=n_hidden, init=init, ensemble=ensemble, lr=lr,
-                             reduction=reduction, seed=seed)
-        errors.append(imitation_error(relu_outputs, train_outputs(m, X, Y, epochs)))
-        cents.append(C)
-        gatings.append(g)
-    return errors, cents, gatings
+def centroids_per_k(rows: Tensor, ks: Sequence[int], *, random_state: int = 0,
+                    n_init: int = 10) -> tuple[list[int], list[Tensor]]:
+    """[H] Alg. 1's k-means of recorded activation-pattern rows (R, N) for every k in ``ks`` up to
+    the number of non-silent rows: those ks and their centroids (k, N) (``cluster_patterns``)."""
+    ks = [int(k) for k in ks if k <= int((rows.sum(1) > 0).sum())]
+    return ks, [cluster_patterns(rows, k, random_state=random_state, n_init=n_init) for k in ks]
 
 
 def check_discovery(ks: Sequence[int], *, n_hidden: int = 100, threshold: float = 0.5, rule: str = "kneedle",
-                    rel_tol: float = 0.1, n_init: int = 10, caller: str = "discover_gates") -> None:
-    """Raise a ValueError naming the first bad setting of ``discover_gates`` (before a run that ends in it)."""
+                    rel_tol: float = 0.1, n_init: int = 10, caller: str = "ReLN discovery") -> None:
+    """Raise a ValueError naming the first bad setting of ReLN discovery (``centroids_per_k``, the
+    gates' ``threshold``, ``elbow``), before a run that ends in it."""
     checks = [("ks", ks, bool(ks) and all(int(k) >= 1 for k in ks) and len(set(ks)) == len(ks), "distinct positive integers"),
               ("n_hidden", n_hidden, n_hidden >= 1, "a positive integer"),
               ("threshold", threshold, 0 < threshold < 1, "a number in (0, 1)"),
@@ -187,36 +178,6 @@ def check_discovery(ks: Sequence[int], *, n_hidden: int = 100, threshold: float 
     for name, value, ok, allowed in checks:
         if not ok:
             raise ValueError(f"{caller}: {name} = {value!r}; allowed: {allowed}")
-
-
-def discover_gates(net, rows: Tensor, relu_outputs: Tensor, epochs: Sequence[int], X: Tensor, Y: Tensor,
-                   ks: Sequence[int], *, layer: int = -1, fit_gdlns: bool = True, n_hidden: int = 100,
-                   threshold: float = 0.5, rule: Literal["kneedle", "within"] = "kneedle", rel_tol: float = 0.1,
-                   random_state: int = 0, n_init: int = 10) -> dict:
-    """[H] App. B, Alg. 1 on a trained ReLU net ``net`` (a ``zoo.gdln.ReLUNet``): k-means of its
-    recorded activation-pattern rows (R, N) of hidden layer ``layer`` for every k in ``ks`` (those
-    up to the number of non-silent rows). For the last hidden layer and ``fit_gdlns``: per k, a
-    GDLN with the thresholded centroids as gates (for a two-hidden-layer net a
-    ``zoo.gdln_depth.DepthGDLN`` whose shared linear layer is the first, [H] Sec. 6), trained from
-    the net's init scheme, learning rate and seed for the recorded ``epochs``; its error against
-    ``relu_outputs`` (T, E, N, n_out), and the k at the ``elbow``.
-
-    Returns ``{"ks", "centroids", "errors", "elbow_k", "epochs"}`` (errors empty and elbow_k None
-    where no GDLN was trained)."""
-    ks = [k for k in ks if k <= int((rows.sum(1) > 0).sum())]
-    cents = [cluster_patterns(rows, k, random_state=random_state, n_init=n_init) for k in ks]
-    errors: list[float] = []
-    chosen = None
-    if fit_gdlns and layer % len(net.hidden) == len(net.hidden) - 1:
-        X, Y = X.to(net.W[0].dtype).cpu(), Y.to(net.W[0].dtype).cpu()
-        n_shared = net.hidden[0] if len(net.hidden) == 2 else None
-        for C in cents:
-            g = gating_from_patterns(threshold_centroids(C, threshold), X.shape[-1])
-            m = gdln_from_gating(g, X, Y, n_hidden=n_hidden, init=net.init_scheme, ensemble=net.ensemble, lr=net.lr,
-                                 reduction=net.reduction, seed=net.seed, n_shared=n_shared)
-            errors.append(imitation_error(relu_outputs.double(), train_outputs(m, X, Y, epochs)))
-        chosen = elbow(ks, errors, rule, rel_tol)
-    return {"ks": ks, "centroids": cents, "errors": errors, "elbow_k": chosen, "epochs": list(epochs)}
 
 
 def elbow(ks: Sequence[int], errors: Sequence[float], rule: Literal["kneedle", "within"] = "kneedle",

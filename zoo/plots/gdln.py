@@ -124,14 +124,20 @@ def stereotypical_loss(curves: dict[str, Tensor], summary: dict[str, dict], frac
     return fig
 
 
-def reln_gates(result: dict, title: str, bounds: list[float], rule: str):
-    """[H] Figs. 8-9: k-means centroids (k, N) for every k (black = active; ``bounds``: context
-    boundaries) and the imitation error over k with the elbow (``zoo.reln.discover_gates``' result)."""
+def reln_gates(result: dict, title: str, n_contexts: int | None = None, n_items: int | None = None,
+               rule: str | None = None):
+    """[H] Figs. 8-9: k-means centroids (k, N) for every k (black = active; red lines between the
+    ``n_contexts`` blocks of ``n_items`` points) and, where ``result`` has ``errors``, the imitation
+    error over k with the k at the elbow (by ``rule``) circled. ``result``: ``{"ks", "centroids"}``
+    (``zoo.reln.centroids_per_k``), optionally ``"errors"`` and ``"elbow_k"``
+    (``zoo.reln_imitation.ImitationGDLNs.imitation``)."""
     plt = pyplot()
-    ks, cents, errors, chosen = (result[x] for x in ("ks", "centroids", "errors", "elbow_k"))
+    ks, cents, errors, chosen = result["ks"], result["centroids"], result.get("errors") or [], result.get("elbow_k")
+    bounds = [c * n_items - 0.5 for c in range(1, n_contexts)] if n_contexts and n_items else []
     heights = [max(k, 1) for k in ks]
-    fig = plt.figure(figsize=(10, 1.2 + 0.35 * sum(heights) + 0.3 * len(ks)), dpi=100)
-    grid = fig.add_gridspec(len(ks), 2, width_ratios=[2.2, 1], height_ratios=heights, wspace=0.35)  # room for the y ticks
+    fig = plt.figure(figsize=(10 if errors else 7, 1.2 + 0.35 * sum(heights) + 0.3 * len(ks)), dpi=100)
+    grid = (fig.add_gridspec(len(ks), 2, width_ratios=[2.2, 1], height_ratios=heights, wspace=0.35) if errors  # room for the y ticks
+            else fig.add_gridspec(len(ks), 1, height_ratios=heights))
     for r, (k, C) in enumerate(zip(ks, cents)):
         ax = fig.add_subplot(grid[r, 0])
         ax.imshow(C.numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
@@ -143,10 +149,9 @@ def reln_gates(result: dict, title: str, bounds: list[float], rule: str):
         ax.set_xticks([] if r < len(ks) - 1 else range(0, N, max(1, N // 12)))
         if r == 0:
             ax.set_title(title, fontsize=9)
-    ax = fig.add_subplot(grid[:, 1])
     if not errors:
-        ax.axis("off")
         return fig
+    ax = fig.add_subplot(grid[:, 1])
     ax.plot(ks, errors, "o-")
     if chosen is not None:
         ax.plot([chosen], [errors[ks.index(chosen)]], "o", color="tab:red", ms=10, mfc="none")
