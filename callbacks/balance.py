@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback, log_matrix, resuming
+from callbacks.base import PeriodicCallback, all_members, log_matrix, resuming
 
 
 class Balance(PeriodicCallback):
@@ -25,7 +25,9 @@ class Balance(PeriodicCallback):
             self._images(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._images(trainer, pl_module)
+        # members may be sharded across processes until teardown: every rank gathers, rank 0 draws
+        with all_members(pl_module):
+            self._images(trainer, pl_module)
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         dev, lam = pl_module.balance_deviation(), pl_module.lam_estimate()
