@@ -30,12 +30,12 @@ class Balance(PeriodicCallback):
             self._images(trainer, pl_module)
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
-        dev, lam = pl_module.balance_deviation(), pl_module.lam_estimate()
+        dev, lam = pl_module.balance_deviation().cpu(), pl_module.lam_estimate().cpu()  # one copy, not one per scalar
         metrics = {f"balance/deviation/{lbl}": dev[e] for e, lbl in enumerate(pl_module.labels)}
         self.log_scalars(trainer, metrics | {f"balance/lam/{lbl}": lam[e] for e, lbl in enumerate(pl_module.labels)})
 
     def _images(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        B = pl_module.balance()
+        B = pl_module.balance().cpu()
         if not trainer.is_global_zero or B.numel() == 0:
             return
         for e, lbl in enumerate(pl_module.labels[: self.max_images]):

@@ -479,11 +479,14 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         # member-parallel: this rank's members, gathered; data-parallel: reduced across devices by the metric
         mse = gather_members(metric.compute().reshape(-1), self.ensemble) if is_sharded(self) else metric.compute().reshape(-1)
         metric.reset()
-        self.log(f"{stage}/mse", mse.mean())
+        # every rank holds the same numbers now: their max across ranks is each number itself, exactly, and
+        # marks them reduced (Lightning warns about epoch-level values that are not)
+        same = dict(sync_dist=True, reduce_fx="max")
+        self.log(f"{stage}/mse", mse.mean(), **same)
         if self.trainer.state.fn == "fit":  # at the step of training; validate/test have no step of their own
-            self.log("step", float(self.global_step))
+            self.log("step", float(self.global_step), **same)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-            self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)})
+            self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)}, **same)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
