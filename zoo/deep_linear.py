@@ -177,10 +177,17 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, n_in) shared by all members, or (E, B, n_in). Returns (E, B, n_out)."""
-        h = x.to(self.W[0].dtype)
+        h = self._per_member(x.to(self.W[0].dtype))
         for W in self.W:
             h = h @ W.transpose(-1, -2)
         return h
+
+    def _per_member(self, x: Tensor) -> Tensor:
+        """Shared inputs (B, n) as a view (E, B, n). A product of (E, m, B) with a 2-d (B, n) is folded
+        into one (E m, B) matrix product, whose rounding depends on E (the kernel blocks rows
+        differently); as a batch of E products each member's numbers are its own, the same in an
+        ensemble of any size, so a slice of the members on each process gives the one-process bits."""
+        return x.expand(self.W[0].shape[0], *x.shape) if x.dim() == 2 else x
 
     # -- analytic quantities (used by the callbacks) ----------------------------------------------
     def mode_strengths(self, U: Tensor, V: Tensor) -> Tensor:
@@ -387,7 +394,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         """
         x, y = batch
         Ws = list(self.W)
-        x = x.to(Ws[0].dtype)
+        x = self._per_member(x.to(Ws[0].dtype))
         below = [None]  # below[l] = W_{l-1} ... W_1 (None: the identity)
         for W in Ws[:-1]:
             below.append(W if below[-1] is None else W @ below[-1])
