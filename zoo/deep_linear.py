@@ -138,7 +138,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             yield
             return
         local = self.balance0
-        self.balance0 = gather_members(local, self.ensemble, dim=1)
+        self.balance0 = self._all_balance0(local)
         try:
             with super().members_gathered():
                 yield
@@ -148,9 +148,16 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
     def all_members_back(self) -> None:
         if self.member_range is None:
             return
-        self.balance0 = gather_members(self.balance0, self.ensemble, dim=1)
+        self.balance0 = self._all_balance0(self.balance0)
         super().all_members_back()
         self.val_mse, self.test_mse = self._mse_metrics(self.ensemble)
+
+    def _all_balance0(self, local: Tensor) -> Tensor:
+        """``balance0`` of every member (a collective), also when it is empty (a one-layer net): every
+        rank decides alike, from the layer count."""
+        if local.numel() == 0:
+            return local.new_zeros(local.shape[0], self.ensemble, *local.shape[2:])
+        return gather_members(local, self.ensemble, dim=1)
 
     def _mse_metrics(self, E: int, sync: bool = True) -> tuple[MeanSquaredError, MeanSquaredError]:
         """Per-member MSE (num_outputs = E); one per stage so validation inside a fit leaves test's alone.
