@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback, log_matrix, resuming
+from callbacks.base import PeriodicCallback, all_members, log_matrix, resuming
 
 
 class Balance(PeriodicCallback):
@@ -25,15 +25,17 @@ class Balance(PeriodicCallback):
             self._images(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._images(trainer, pl_module)
+        # members may be sharded across processes until teardown: every rank gathers, rank 0 draws
+        with all_members(pl_module):
+            self._images(trainer, pl_module)
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
-        dev, lam = pl_module.balance_deviation(), pl_module.lam_estimate()
+        dev, lam = pl_module.balance_deviation().cpu(), pl_module.lam_estimate().cpu()  # one copy, not one per scalar
         metrics = {f"balance/deviation/{lbl}": dev[e] for e, lbl in enumerate(pl_module.labels)}
         self.log_scalars(trainer, metrics | {f"balance/lam/{lbl}": lam[e] for e, lbl in enumerate(pl_module.labels)})
 
     def _images(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        B = pl_module.balance()
+        B = pl_module.balance().cpu()
         if not trainer.is_global_zero or B.numel() == 0:
             return
         for e, lbl in enumerate(pl_module.labels[: self.max_images]):

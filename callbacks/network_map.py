@@ -27,6 +27,6 @@ class NetworkMap(PeriodicCallback):
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         if not trainer.is_global_zero:
             return
-        M = pl_module.network_map().detach()
+        M = pl_module.network_map().detach().cpu()
         for e, lbl in enumerate(pl_module.labels[: self.max_images]):
             log_matrix(trainer, f"map/{lbl}", M[e], title=f"W_L...W_1 ({lbl}), step {trainer.global_step}")

@@ -21,10 +21,18 @@ then trains by autograd.
 ``MeanSquaredError``, reduced across devices) of every member on the datamodule's evaluation set:
 ``val/mse`` and ``test/mse`` (mean over members) and, for ensembles up to ``MAX_MEMBER_TAGS``,
 ``.../mse/<member>``. It is ``2 / n_out`` times the training loss on the same data.
+
+Across processes (``--trainer.devices=N --trainer.strategy=ddp``, ``zoo.distributed``) an
+ensemble is member-parallel: each rank trains members ``lo:hi`` on the whole data; the losses
+and errors are gathered so that rank 0 logs every member, and callbacks see every member
+(:meth:`DeepLinearNet.members_gathered`). One member alone trains data-parallel, its gradients
+averaged over the ranks.
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import lightning.pytorch as pl
 import torch
@@ -32,6 +40,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 from torchmetrics.regression import MeanSquaredError
 
+from zoo.distributed import MemberParallel, gather_members, is_sharded
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
@@ -39,7 +48,7 @@ from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
 
 
-class DeepLinearNet(Progress, pl.LightningModule):
+class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
     """An L-layer linear network ``dims = [n_in, n_1, ..., n_out]``, trained by (full-batch) GD.
 
     Args:
@@ -97,8 +106,7 @@ class DeepLinearNet(Progress, pl.LightningModule):
         self.init_progress()
         self.member_params = scheme_member_params(scheme, E, seed)
         self.labels = member_labels(self.member_params)
-        # per member (num_outputs = E); one per stage so validation inside a fit leaves test's alone
-        self.val_mse, self.test_mse = MeanSquaredError(num_outputs=E), MeanSquaredError(num_outputs=E)
+        self.val_mse, self.test_mse = self._mse_metrics(E)
         ws = scheme.weights(self.shapes, ensemble=E, generator=torch.Generator().manual_seed(seed))
         self.W = nn.ParameterList([nn.Parameter(w) for w in ws])
         self._remember_init()
@@ -108,6 +116,54 @@ class DeepLinearNet(Progress, pl.LightningModule):
         for i, W in enumerate(self.W):
             self.register_buffer(f"W{i}_init", W.detach().clone())
         self.register_buffer("balance0", self._balance_stack().detach().clone())
+
+    # -- members across processes (zoo.distributed) ------------------------------------------------
+    def n_members(self) -> int:
+        return self.ensemble
+
+    def member_tensor_names(self) -> list[str]:
+        """The layers and their initial values; ``balance0`` has the member axis second and is
+        sliced and gathered by :meth:`keep_members` / :meth:`members_gathered`."""
+        return [f"W.{i}" for i in range(len(self.W))] + [f"W{i}_init" for i in range(len(self.W))]
+
+    def keep_members(self, lo: int, hi: int) -> None:
+        super().keep_members(lo, hi)
+        self.balance0 = self.balance0[:, lo:hi].clone()
+        # each rank's errors are its own members': computed locally, then gathered (_log_mse)
+        self.val_mse, self.test_mse = self._mse_metrics(hi - lo, sync=False)
+
+    @contextmanager
+    def members_gathered(self) -> Iterator[None]:
+        if self.member_range is None:
+            yield
+            return
+        local = self.balance0
+        self.balance0 = self._all_balance0(local)
+        try:
+            with super().members_gathered():
+                yield
+        finally:
+            self.balance0 = local
+
+    def all_members_back(self) -> None:
+        if self.member_range is None:
+            return
+        self.balance0 = self._all_balance0(self.balance0)
+        super().all_members_back()
+        self.val_mse, self.test_mse = self._mse_metrics(self.ensemble)
+
+    def _all_balance0(self, local: Tensor) -> Tensor:
+        """``balance0`` of every member (a collective), also when it is empty (a one-layer net): every
+        rank decides alike, from the layer count."""
+        if local.numel() == 0:
+            return local.new_zeros(local.shape[0], self.ensemble, *local.shape[2:])
+        return gather_members(local, self.ensemble, dim=1)
+
+    def _mse_metrics(self, E: int, sync: bool = True) -> tuple[MeanSquaredError, MeanSquaredError]:
+        """Per-member MSE (num_outputs = E); one per stage so validation inside a fit leaves test's alone.
+        ``sync``: reduce across devices (a data-parallel run) rather than keep this rank's members."""
+        device = self.W[0].device if hasattr(self, "W") else None
+        return tuple(MeanSquaredError(num_outputs=E, sync_on_compute=sync).to(device) for _ in range(2))
 
     # -- structure --------------------------------------------------------------------------------
     @property
@@ -128,10 +184,17 @@ class DeepLinearNet(Progress, pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, n_in) shared by all members, or (E, B, n_in). Returns (E, B, n_out)."""
-        h = x.to(self.W[0].dtype)
+        h = self._per_member(x.to(self.W[0].dtype))
         for W in self.W:
             h = h @ W.transpose(-1, -2)
         return h
+
+    def _per_member(self, x: Tensor) -> Tensor:
+        """Shared inputs (B, n) as a view (E, B, n). A product of (E, m, B) with a 2-d (B, n) is folded
+        into one (E m, B) matrix product, whose rounding depends on E (the kernel blocks rows
+        differently); as a batch of E products each member's numbers are its own, the same in an
+        ensemble of any size, so a slice of the members on each process gives the one-process bits."""
+        return x.expand(self.W[0].shape[0], *x.shape) if x.dim() == 2 else x
 
     # -- analytic quantities (used by the callbacks) ----------------------------------------------
     def mode_strengths(self, U: Tensor, V: Tensor) -> Tensor:
@@ -153,7 +216,7 @@ class DeepLinearNet(Progress, pl.LightningModule):
         for Wa, Wb in zip(self.W[:-1], self.W[1:]):
             mats.append(Wb.transpose(-1, -2) @ Wb - Wa @ Wa.transpose(-1, -2))
         if not mats:
-            return torch.zeros(0, self.ensemble, 0, 0)
+            return torch.zeros(0, self.W[0].shape[0], 0, 0, device=self.W[0].device)
         if len({m.shape for m in mats}) > 1:  # unequal hidden widths: keep the first pair only
             mats = mats[:1]
         return torch.stack(mats)
@@ -165,12 +228,12 @@ class DeepLinearNet(Progress, pl.LightningModule):
     def balance_deviation(self) -> Tensor:
         """Largest entry of ``|balance(t) - balance(0)|`` per member, (E,): 0 under gradient flow."""
         dev = (self.balance() - self.balance0).abs()
-        return dev.flatten(start_dim=2).amax(dim=(0, 2)) if dev.numel() else torch.zeros(self.ensemble)
+        return dev.flatten(start_dim=2).amax(dim=(0, 2)) if dev.numel() else torch.zeros(dev.shape[1], device=dev.device)
 
     def lam_estimate(self) -> Tensor:
         """The imbalance read off the weights: mean diagonal of the first balance matrix, (E,)."""
         B = self.balance()
-        return B[0].diagonal(dim1=-2, dim2=-1).mean(-1) if B.numel() else torch.zeros(self.ensemble)
+        return B[0].diagonal(dim1=-2, dim2=-1).mean(-1) if B.numel() else torch.zeros(B.shape[1], device=B.device)
 
     def predicted_mode_strengths(self, steps: Tensor, modes) -> Tensor | None:
         """Closed-form mode strengths ([L] Thm. 5.1) at the given steps, (E, T, k), or None.
@@ -214,7 +277,7 @@ class DeepLinearNet(Progress, pl.LightningModule):
 
         x = x.to(self.W[0])
         kernels = []
-        for e in range(self.ensemble):  # members are independent: E small kernels, not one E^2 one
+        for e in range(self.W[0].shape[0]):  # members are independent: E small kernels, not one E^2 one
             member = _Member([W[e].detach() for W in self.W])
             kernels.append(empirical_ntk(member, x, layout="output_major"))
         return torch.stack(kernels)
@@ -338,7 +401,7 @@ class DeepLinearNet(Progress, pl.LightningModule):
         """
         x, y = batch
         Ws = list(self.W)
-        x = x.to(Ws[0].dtype)
+        x = self._per_member(x.to(Ws[0].dtype))
         below = [None]  # below[l] = W_{l-1} ... W_1 (None: the identity)
         for W in Ws[:-1]:
             below.append(W if below[-1] is None else W @ below[-1])
@@ -357,22 +420,19 @@ class DeepLinearNet(Progress, pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         opt = self.optimizers()
-        first_step, first = self.global_step, None
+        first_step, step_losses = self.global_step, []
         # a subclass that changes the loss gets autograd; the zoo's own loss has closed-form gradients
         closed_form = type(self).member_loss is DeepLinearNet.member_loss
+        data_parallel = not is_sharded(self) and self.trainer.world_size > 1
         for _ in range(self.steps_per_batch):
             if closed_form:
                 with torch.no_grad():
                     losses, grads = self.losses_and_gradients(batch)
+                    if data_parallel:  # what DDP's backward hooks do for autograd: the ranks' mean gradient
+                        grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
             else:
                 losses = self.member_loss(batch)
-            check_finite(
-                losses, step=self.global_step, labels=self.labels,
-                hint=f"The learning rate lr={self.lr} is probably too large for this initial scale: the stable "
-                "step shrinks as |lam| and the weights grow (GD needs lr * curvature < 2); try lr / 10.",
-            )
-            if first is None:
-                first = losses.detach()
+            step_losses.append(losses.detach())
             if closed_form:
                 for W, g in zip(self.W, grads):
                     W.grad = g
@@ -381,14 +441,33 @@ class DeepLinearNet(Progress, pl.LightningModule):
                 self.manual_backward(losses.sum())
             opt.step()
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
+        # every member's losses of this call's steps on every rank (members are sharded across processes):
+        # one exchange and one host sync per call, and every rank takes the same decision on divergence
+        losses = gather_members(torch.stack(step_losses), self.ensemble, dim=1) if is_sharded(self) else torch.stack(step_losses)
+        self._check_finite(losses, first_step)
+        first = losses[0]
         self.log("loss", first.mean(), prog_bar=True)
         # a logged "step" is the loggers' x-axis (Lightning's documented rule): the step these losses
         # belong to, as the callbacks' curves, not the count of batches
         self.log("step", float(first_step))
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
-        # the losses of the weights at step `loss_step`, before this call's updates
-        return {"loss": first.sum(), "member_loss": first, "loss_step": first_step}
+        # the losses of the weights at step `loss_step`, before this call's updates; "member_loss" holds this
+        # rank's members (callbacks gather it, zoo.distributed.gather_outputs)
+        return {"loss": first.sum(), "member_loss": step_losses[0], "loss_step": first_step}
+
+    def _check_finite(self, losses: Tensor, first_step: int) -> None:
+        """Stop on the first of this call's steps (rows of ``losses``, (steps, E)) where a member's
+        loss is not finite. A member's weights after a non-finite loss are not finite either, so the
+        later steps change nothing but that member; the run stops before any of them is logged."""
+        if bool(torch.isfinite(losses).all()):
+            return
+        k = int(torch.isfinite(losses).all(-1).logical_not().nonzero()[0])
+        check_finite(
+            losses[k], step=first_step + k, labels=self.labels,
+            hint=f"The learning rate lr={self.lr} is probably too large for this initial scale: the stable "
+            "step shrinks as |lam| and the weights grow (GD needs lr * curvature < 2); try lr / 10.",
+        )
 
     # -- evaluation ([L]'s tasks are fixed data sets: the datamodules evaluate on the task itself) ----
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -411,13 +490,17 @@ class DeepLinearNet(Progress, pl.LightningModule):
         metric.update(pred.flatten(1).transpose(0, 1), target.flatten(1).transpose(0, 1))
 
     def _log_mse(self, stage: str, metric: MeanSquaredError) -> None:
-        mse = metric.compute().reshape(self.ensemble)  # reduced across devices
+        # member-parallel: this rank's members, gathered; data-parallel: reduced across devices by the metric
+        mse = gather_members(metric.compute().reshape(-1), self.ensemble) if is_sharded(self) else metric.compute().reshape(-1)
         metric.reset()
-        self.log(f"{stage}/mse", mse.mean())
+        # every rank holds the same numbers now: their max across ranks is each number itself, exactly, and
+        # marks them reduced (Lightning warns about epoch-level values that are not)
+        same = dict(sync_dist=True, reduce_fx="max")
+        self.log(f"{stage}/mse", mse.mean(), **same)
         if self.trainer.state.fn == "fit":  # at the step of training; validate/test have no step of their own
-            self.log("step", float(self.global_step))
+            self.log("step", float(self.global_step), **same)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-            self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)})
+            self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)}, **same)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

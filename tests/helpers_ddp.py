@@ -1,0 +1,137 @@
+"""Multi-process runs for the DDP tests (``zoo.distributed``): the zoo's CLI with N CPU processes
+under Lightning's DDP launcher, or as the processes of simulated nodes, each run in its own folder
+so that ``lightning_logs/version_0`` is the run; and the checks the tests share (one set of files,
+results equal to the one-process run).
+
+Every run here has one torch thread per process: a float reduction split over another number of
+threads may round differently, and the comparisons are bit for bit. The reference run
+(:func:`fit_one`) runs in this process with one thread too, which saves an interpreter start.
+Readers of checkpoints, scalars and figures are ``tests/resume_harness.py``'s.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from resume_harness import REPO, assert_same_run, fit, scalars, weights
+
+__all__ = ["run_ddp", "run_nodes", "fit_one", "written_files", "assert_one_set", "assert_same_results",
+           "assert_close_results", "free_port", "weights", "scalars"]
+
+DDP = ("--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the rendezvous of one run)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           # a launcher's variables from an outer run would make the child believe it is one of its ranks
+           if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK", "RANK", "MASTER_PORT", "MASTER_ADDR")}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1", **extra}
+
+
+def _check(procs: list[subprocess.Popen], timeout: float) -> None:
+    errors = []
+    for i, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"process {i} did not finish within {timeout} s")
+        if p.returncode != 0:
+            errors.append(f"process {i}: exit {p.returncode}\n{err.decode()[-3000:]}")
+    assert not errors, "\n".join(errors)
+
+
+def run_ddp(folder: Path, *args: str, devices: int = 2, timeout: float = 240.0) -> Path:
+    """``python -m zoo fit *args`` with ``devices`` CPU processes (``--trainer.strategy=ddp``,
+    Lightning's launcher starts the other ranks) in ``folder``; asserts exit code 0 and returns the
+    run folder ``folder/lightning_logs/version_0``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "zoo", "fit", *args, *DDP, f"--trainer.devices={devices}"]
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    _check([subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)], timeout)
+    return folder / "lightning_logs" / "version_0"
+
+
+def run_nodes(folder: Path, *args: str, nodes: int = 2, timeout: float = 240.0) -> Path:
+    """``nodes`` simulated machines of one process each on localhost: this function starts every
+    process itself (as a cluster's scheduler would, not Lightning's launcher), each
+    ``--trainer.devices=1 --trainer.num_nodes=<nodes>`` with the variables Lightning's
+    ``LightningEnvironment`` reads (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``LOCAL_RANK``;
+    ``WORLD_SIZE`` as torchrun sets it). All share ``folder`` as a cluster shares a file system;
+    returns the run folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "zoo", "fit", *args, *DDP, "--trainer.devices=1", f"--trainer.num_nodes={nodes}"]
+    port = str(free_port())
+    procs = [subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(n),
+                                       LOCAL_RANK="0", WORLD_SIZE=str(nodes)))
+             for n in range(nodes)]
+    _check(procs, timeout)
+    return folder / "lightning_logs" / "version_0"
+
+
+def fit_one(folder: Path, *args: str) -> Path:
+    """The reference: ``zoo fit *args`` in this process on one CPU device with one torch thread;
+    returns the run folder."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fit(folder, *args, "--trainer.accelerator=cpu", "--trainer.devices=1")
+    finally:
+        torch.set_num_threads(before)
+
+
+def written_files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (paths relative to it), TensorBoard's event files by their
+    folder only (their names carry the time and the process id)."""
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(folder)
+            out.append(str(rel.parent / "events.out.tfevents") if p.name.startswith("events.out.tfevents") else str(rel))
+    return out
+
+
+def assert_one_set(folder: Path, reference: Path) -> None:
+    """``folder`` holds exactly the files the one-process run left in ``reference`` (same names,
+    one event file, no ``_1`` copy written by a second rank, nothing in another version folder)."""
+    got, want = written_files(folder), written_files(reference)
+    assert got == want, f"files differ from the one-process run: only here {sorted(set(got) - set(want))}, " \
+                        f"missing {sorted(set(want) - set(got))}, or repeated: {len(got)} vs {len(want)}"
+
+
+def assert_same_results(reference: Path, run: Path) -> None:
+    """Final weights (``last.ckpt``'s state dict), every TensorBoard scalar and every PNG of ``run``
+    equal ``reference``'s bit for bit (member-parallel on CPU)."""
+    assert_same_run(reference, run)
+
+
+def assert_close_results(reference: Path, run: Path, *, rtol: float, atol: float, tags: list[str] | None = None) -> None:
+    """Final weights and the scalars ``tags`` (default: every tag of ``reference``) of ``run``
+    within ``rtol``/``atol`` of ``reference``'s, at the same steps (data-parallel: the same sums in
+    another order)."""
+    wa, wb = weights(reference), weights(run)
+    assert wa.keys() == wb.keys(), f"state dicts differ: {sorted(wa.keys() ^ wb.keys())}"
+    for k in wa:
+        if torch.is_tensor(wa[k]) and wa[k].is_floating_point():
+            torch.testing.assert_close(wb[k], wa[k], rtol=rtol, atol=atol, msg=lambda m: f"weight {k}: {m}")
+    sa, sb = scalars(reference), scalars(run)
+    for tag in tags if tags is not None else list(sa):
+        assert tag in sb, f"scalar {tag} missing"
+        assert [s for s, _ in sb[tag]] == [s for s, _ in sa[tag]], f"scalar {tag}: logged at other steps"
+        torch.testing.assert_close(torch.tensor([v for _, v in sb[tag]]), torch.tensor([v for _, v in sa[tag]]),
+                                   rtol=rtol, atol=atol, msg=lambda m: f"scalar {tag}: {m}")
