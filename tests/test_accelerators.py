@@ -194,6 +194,8 @@ def test_fit_on_the_accelerator_equals_the_cpu_fit(case, accelerator, cpu_runs, 
     # every tensor of the module lives where the module was put, buffers created later included
     for name, t in [*net.named_parameters(), *net.named_buffers()]:
         assert t.device.type == device_type, f"{case}: {name} is on {t.device}, the module on {device_type}"
+    if hasattr(net, "samples_counted"):  # zoo.progress: the host count is the buffer's
+        assert net.samples_seen == int(net.samples_seen_) > 0
     got = state(net)
     assert got.keys() == ref_state.keys()
     assert set(logged) == set(ref_logged) and logged, f"{case}: logged {sorted(logged)} vs {sorted(ref_logged)}"
@@ -226,3 +228,16 @@ def test_bf16_mixed_trains_the_image_models_close_to_float32(case, accelerator, 
         assert torch.isfinite(logged[name]) and float(logged[name]) == pytest.approx(float(ref[name]), rel=3e-2)
     # autocast did run in bfloat16: the bits differ from the float32 run's
     assert any(not torch.equal(logged[k], ref[k]) for k in ("loss", "reconstruction"))
+
+
+def test_samples_seen_is_read_from_the_host_and_follows_a_loaded_state():
+    from zoo.sae import SparseAutoencoder
+
+    a, b = SparseAutoencoder(d=2, n=3), SparseAutoencoder(d=2, n=3)
+    a.count_samples(5)
+    a.count_samples(7)
+    assert a.samples_seen == int(a.samples_seen_) == 12
+    b.load_state_dict(a.state_dict())  # a checkpoint, a resumed run
+    assert b.samples_seen == 12
+    b.count_samples(1)
+    assert int(b.state_dict()["samples_seen_"]) == 13
