@@ -8,7 +8,9 @@ learning rate ``lr``, gradient descent follows ``tau dW/dt = sigma_yx - W sigma_
 ``sigma_yx / c`` and time constant ``tau / c``: ``modes()`` returns them in that form.
 
 By default a training epoch is ``batches_per_epoch`` full batches (full-batch gradient
-descent, the papers' setting); ``batch_size`` switches to shuffled minibatches.
+descent, the papers' setting); ``batch_size`` switches to shuffled minibatches. A full batch is
+served from the device the model trains on (``trainer.strategy.root_device``), copied there once,
+so an accelerator does not receive the same data set again at every step.
 
 Validation and test evaluate on the task's data set itself, as one batch: [L]'s tasks are fixed
 data sets to fit (the papers study the learning dynamics, not generalisation), so the error on
@@ -108,6 +110,7 @@ class LinearTask(pl.LightningDataModule):
         self.batch_size, self.batches_per_epoch, self.seed = batch_size, batches_per_epoch, seed
         self._X: Tensor | None = None
         self._Y: Tensor | None = None
+        self._on_device: tuple[Tensor, Tensor] | None = None
 
     def make(self, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -117,6 +120,18 @@ class LinearTask(pl.LightningDataModule):
             X, Y = self.make(torch.Generator().manual_seed(self.seed))
             self._X, self._Y = X.to(torch.float32), Y.to(torch.float32)
         return self._X, self._Y  # type: ignore[return-value]
+
+    def _full_batch(self) -> tuple[Tensor, Tensor]:
+        """``X``, ``Y`` on the device of the attached Trainer's model (a copy made once), for the
+        loaders that serve the whole data set as every batch; on the host without a Trainer."""
+        X, Y = self._data()
+        trainer = getattr(self, "trainer", None)
+        device = trainer.strategy.root_device if trainer is not None else X.device
+        if device == X.device:
+            return X, Y
+        if self._on_device is None or self._on_device[0].device != device:
+            self._on_device = (X.to(device), Y.to(device))
+        return self._on_device
 
     @property
     def X(self) -> Tensor:
@@ -157,14 +172,14 @@ class LinearTask(pl.LightningDataModule):
         return TaskModes(U, s, Vh.T, c)
 
     def train_dataloader(self) -> DataLoader:
-        X, Y = self._data()
         if self.batch_size is None:
-            return DataLoader(RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+            return DataLoader(RepeatedBatch(*self._full_batch(), self.batches_per_epoch), batch_size=None, shuffle=False)
+        X, Y = self._data()  # minibatches are drawn on the host (Lightning moves each one)
         return ResumableLoader(TensorDataset(X, Y), self.batch_size, EpochShuffle(X.shape[0], self.seed),
                                batches_done=self._batches_done)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(*self._data(), 1), batch_size=None, shuffle=False)
+        return DataLoader(RepeatedBatch(*self._full_batch(), 1), batch_size=None, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

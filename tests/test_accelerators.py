@@ -241,3 +241,24 @@ def test_samples_seen_is_read_from_the_host_and_follows_a_loaded_state():
     assert b.samples_seen == 12
     b.count_samples(1)
     assert int(b.state_dict()["samples_seen_"]) == 13
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_a_full_batch_goes_to_the_device_once(accelerator, tmp_path):
+    """Full-batch gradient descent (datamodules.regression): every training and validation step
+    receives the same device tensors, not a new copy of the data set."""
+    seen = []
+
+    class Batches(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(("train", batch[0].device.type, batch[0].data_ptr(), batch[1].data_ptr()))
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            seen.append(("val", batch[0].device.type, batch[0].data_ptr(), batch[1].data_ptr()))
+
+    net, dm, _ = deep_linear(tmp_path)
+    pl.Trainer(accelerator=accelerator, devices=1, max_steps=6, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, callbacks=[Batches()]).fit(net, datamodule=dm)
+    # 2 batches of 3 GD steps each, and the sanity check's validation
+    assert [s[0] for s in seen] == ["val", "train", "train"]
+    assert {s[1:] for s in seen} == {seen[0][1:]} and seen[0][1] == accelerator
