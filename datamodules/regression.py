@@ -40,6 +40,28 @@ class TaskModes(NamedTuple):
     c: float
 
 
+def on_model_device(datamodule: pl.LightningDataModule, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors`` on the device of the model that ``datamodule``'s Trainer trains
+    (``trainer.strategy.root_device``), copied there once and kept on the datamodule; unchanged
+    without a Trainer or on that device already. For loaders that serve a whole data set as every
+    batch (``RepeatedBatch``): Lightning would otherwise copy it to the accelerator at every step."""
+    trainer = getattr(datamodule, "trainer", None)
+    if trainer is None:
+        return tensors
+    device = trainer.strategy.root_device
+    copies: list[tuple[Tensor, Tensor]] = datamodule.__dict__.setdefault("_copies_on_model_device", [])
+    out = []
+    for t in tensors:
+        if t.device != device:
+            hit = next((c for src, c in copies if src is t and c.device == device), None)
+            if hit is None:
+                hit = t.to(device)
+                copies.append((t, hit))
+            t = hit
+        out.append(t)
+    return tuple(out)
+
+
 class RepeatedBatch(Dataset):
     """The whole dataset as one batch, ``repeats`` times: one epoch = ``repeats`` GD steps."""
 
@@ -110,7 +132,6 @@ class LinearTask(pl.LightningDataModule):
         self.batch_size, self.batches_per_epoch, self.seed = batch_size, batches_per_epoch, seed
         self._X: Tensor | None = None
         self._Y: Tensor | None = None
-        self._on_device: tuple[Tensor, Tensor] | None = None
 
     def make(self, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -122,16 +143,7 @@ class LinearTask(pl.LightningDataModule):
         return self._X, self._Y  # type: ignore[return-value]
 
     def _full_batch(self) -> tuple[Tensor, Tensor]:
-        """``X``, ``Y`` on the device of the attached Trainer's model (a copy made once), for the
-        loaders that serve the whole data set as every batch; on the host without a Trainer."""
-        X, Y = self._data()
-        trainer = getattr(self, "trainer", None)
-        device = trainer.strategy.root_device if trainer is not None else X.device
-        if device == X.device:
-            return X, Y
-        if self._on_device is None or self._on_device[0].device != device:
-            self._on_device = (X.to(device), Y.to(device))
-        return self._on_device
+        return on_model_device(self, *self._data())  # type: ignore[return-value]
 
     @property
     def X(self) -> Tensor:
