@@ -13,11 +13,17 @@ allow with a margin (TF32 is off: the zoo never enables it, and Lightning leaves
 """
 from __future__ import annotations
 
+import re
+import shlex
+from pathlib import Path
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import REPO, run_cli
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -136,11 +142,15 @@ def sae(tmp_path):
 CASES = {f.__name__: f for f in (deep_linear, student, classifier, gdln, relu_net, comparison, beta_vae, beta_vae_sweep, sae)}
 
 
-class RecordStart(pl.Callback):
-    """Keeps the module's state at the start of training (weights built at setup included)."""
+class Record(pl.Callback):
+    """Keeps the module's state at the start of training (weights built at setup included) and
+    where its tensors are at the end (before the Trainer's teardown takes the module back to the CPU)."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         pl_module.state_at_start = state(pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        pl_module.devices_at_end = {n: t.device.type for n, t in [*pl_module.named_parameters(), *pl_module.named_buffers()]}
 
 
 def fit(case: str, accelerator: str, tmp_path, precision: str = "32-true") -> tuple[pl.LightningModule, dict[str, torch.Tensor]]:
@@ -149,7 +159,7 @@ def fit(case: str, accelerator: str, tmp_path, precision: str = "32-true") -> tu
     pl.seed_everything(0, verbose=False)  # the VAE's reparameterisation noise starts from the global seed
     net, dm, steps = CASES[case](tmp_path)
     trainer = pl.Trainer(accelerator=accelerator, devices=1, precision=precision, max_steps=steps, max_epochs=-1,
-                         logger=CSVLogger(tmp_path), callbacks=[RecordStart()],
+                         logger=CSVLogger(tmp_path), callbacks=[Record()],
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, val_check_interval=None, check_val_every_n_epoch=1,
                          default_root_dir=tmp_path)
@@ -191,9 +201,9 @@ def test_fit_on_the_accelerator_equals_the_cpu_fit(case, accelerator, cpu_runs, 
     ref_state, ref_logged = cpu_runs(case)
     net, logged = fit(case, accelerator, tmp_path)
     device_type = "cuda" if accelerator == "cuda" else "cpu"
-    # every tensor of the module lives where the module was put, buffers created later included
-    for name, t in [*net.named_parameters(), *net.named_buffers()]:
-        assert t.device.type == device_type, f"{case}: {name} is on {t.device}, the module on {device_type}"
+    # every tensor of the module lived where the module was put, buffers created during setup included
+    assert net.devices_at_end and set(net.devices_at_end.values()) == {device_type}, \
+        f"{case}: {sorted(n for n, d in net.devices_at_end.items() if d != device_type)} not on {device_type}"
     if hasattr(net, "samples_counted"):  # zoo.progress: the host count is the buffer's
         assert net.samples_seen == int(net.samples_seen_) > 0
     got = state(net)
@@ -262,3 +272,23 @@ def test_a_full_batch_goes_to_the_device_once(accelerator, tmp_path):
     # 2 batches of 3 GD steps each, and the sanity check's validation
     assert [s[0] for s in seen] == ["val", "train", "train"]
     assert {s[1:] for s in seen} == {seen[0][1:]} and seen[0][1] == accelerator
+
+
+RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the CPU runs are tests/test_recipes.py)")
+@pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(REPO / "recipes")) for p in RECIPES])
+def test_recipe_runs_on_the_gpu(recipe, in_tmp):
+    """Every recipe's smoke run (its callbacks, figures and files included) with
+    ``--trainer.accelerator=gpu``, as a user would start it on a GPU machine."""
+    text = recipe.read_text()
+    if "# needs-data: MNIST" in text:
+        pytest.skip("a recipe on the real MNIST files: its CPU run is tests/test_recipes.py")
+    smoke = re.search(r"^# smoke-test:(.*)$", text, flags=re.M)
+    extra = shlex.split(smoke.group(1)) if smoke else ["--trainer.max_steps=3"]
+    cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *extra,
+                  "--trainer.accelerator=gpu", "--trainer.devices=1")
+    assert cli.trainer.global_step > 0 and cli.trainer.strategy.root_device.type == "cuda"
+    assert any(p.name.startswith("events.out.tfevents") for p in Path(cli.trainer.log_dir).iterdir())
