@@ -292,3 +292,17 @@ def test_recipe_runs_on_the_gpu(recipe, in_tmp):
                   "--trainer.accelerator=gpu", "--trainer.devices=1")
     assert cli.trainer.global_step > 0 and cli.trainer.strategy.root_device.type == "cuda"
     assert any(p.name.startswith("events.out.tfevents") for p in Path(cli.trainer.log_dir).iterdir())
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_logged_values_reach_the_host_in_one_transfer_with_their_exact_values(accelerator):
+    from zoo.logs import host_floats
+
+    device = "cuda" if accelerator == "cuda" else "cpu"
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    metrics = {"a": x[0].to(device), "b": x[1].to(device, torch.bfloat16), "c": torch.tensor(7, device=device),
+               "d": 0.25, "e": x[2].double().to(device), "f": torch.tensor(True, device=device), "g": x[3]}
+    got = host_floats(metrics)
+    assert list(got) == list(metrics)  # in order
+    assert got == {k: float(v) for k, v in metrics.items()}  # exactly float() of each
+    assert all(type(v) is float for v in got.values())
