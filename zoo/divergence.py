@@ -79,7 +79,7 @@ def check_finite(losses: Tensor, *, step: int, labels: Sequence[str], hint: str)
     labels = _local_labels(labels, bad.shape[-1])
     first = torch.where(bad.any(0), bad.int().argmax(0), -1).tolist()  # the first bad step of each member
     local = [(step + s, name) for s, name in zip(first, _names(labels, list(range(len(first))))) if s >= 0]
-    everyone = _everyone(local)
+    everyone = list(dict.fromkeys(_everyone(local)))  # once each, should ranks pass the same members
     at = sorted({s for s, _ in everyone})
     where = f"step {at[0]}" if len(at) == 1 else f"steps {at[0]}-{at[-1]}"
     raise DivergenceError(
@@ -103,7 +103,7 @@ def drop_diverged(losses: Tensor, alive: Tensor, *, step: int, labels: Sequence[
     n_new, n_left = _summed_over_ranks(torch.stack([newly.sum(), survivors.sum()]))
     if n_new:
         local = _names(_local_labels(labels, newly.shape[0]), torch.nonzero(newly).flatten().tolist())
-        names = _everyone(local)
+        names = list(dict.fromkeys(_everyone(local)))
         if not n_left:
             raise DivergenceError(f"the loss is not finite at step {step} for every remaining ensemble member "
                                   f"({', '.join(names)}): training diverged and was stopped. {hint}")
