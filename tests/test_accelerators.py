@@ -4,8 +4,9 @@ Each case fits one of the zoo's modules for a few steps on its own datamodule (t
 validation on, once on the CPU (the reference) and once on each accelerator present: "cpu"
 always (then the two CPU runs must agree bit for bit: the fit is deterministic), "cuda" when
 ``torch.cuda.is_available()`` (skipped otherwise). On an accelerator the module must hold every
-parameter and buffer on that device after the fit (tensors created where the module lives) and
-its weights and logged scalars must equal the CPU run's within float tolerance: a float32 sum of
+parameter and buffer on that device at the end of training (tensors created where the module
+lives), and its weights and logged scalars (training, validation and test) must equal the CPU
+run's within float tolerance: a float32 sum of
 ``k`` terms is reassociated on a GPU (other reduction trees, fused multiply-add), an error of
 about ``k * 2**-24`` relative per reduction; the networks here sum over at most ~100 terms and
 take at most a few dozen steps, so the drift stays below 1e-4 relative, which ``RTOL``/``ATOL``
