@@ -24,6 +24,8 @@ import numpy as np
 
 from zoo.metrics.dci import DCI_SETTINGS, DCISetting, dci
 
+from gpu_column import GPU, HEADING
+
 SIZES = (10, 10, 10, 8, 4, 15)
 
 
@@ -54,11 +56,13 @@ def main() -> None:
     print(f"\nDCI, 10 codes x 6 factors (3dshapes grid), GradientBoostingClassifier per factor "
           f"({os.cpu_count()} cores, load average {load:.1f} at the end)")
     print(f"{'setting':26s} {'points':>13s} {'rounds':>6s} {'wall (s)':>9s} {'CPU (s)':>8s} {'speed-up':>9s} "
-          f"{'D':>6s} {'C':>6s} {'I test':>6s}")
+          f"{'D':>6s} {'C':>6s} {'I test':>6s} {HEADING:>10s}")
     for label, t, cpu, out in rows:
         s = DCI_SETTINGS[label.split(",")[0]]
         print(f"{label:26s} {s.n_train:>6,}/{s.n_test:>6,} {s.n_estimators:>6d} {t:9.1f} {cpu:8.1f} {base / t:8.1f}x "
-              f"{out['disentanglement']:6.3f} {out['completeness']:6.3f} {out['informativeness_test_acc']:6.3f}")
+              f"{out['disentanglement']:6.3f} {out['completeness']:6.3f} {out['informativeness_test_acc']:6.3f} "
+              f"{'n/a' if GPU is None else 'host only':>10s}")
+    print("(DCI fits scikit-learn's gradient boosting on the host: a GPU does not change this table)")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ path agrees with the loop on the loop's 500 samples (max relative difference ove
 """
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
 from zoo.metrics.fisher import fisher_diagonal
+
+from gpu_column import GPU, HEADING, cell, clock, on_gpu
 
 N, N_LOOP = 10_000, 500
 
@@ -47,10 +47,28 @@ def loop(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Te
     return {n: f / x.shape[0] for (n, _), f in zip(net.named_parameters(), F)}
 
 
-def timed(fn, *args, **kw) -> tuple[float, dict[str, torch.Tensor]]:
-    t = time.perf_counter()
+def timed(fn, *args, device: torch.device | None = None, **kw) -> tuple[float, dict[str, torch.Tensor]]:
+    t = clock(device)
     out = fn(*args, **kw)
-    return time.perf_counter() - t, out
+    return clock(device) - t, out
+
+
+def on_device(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """The rows' timings with the network and the data on ``GPU`` (after a warm-up there)."""
+    net, x, y = network().to(GPU), x.to(GPU), y.to(GPU)
+    fisher_diagonal(net, ce, (x[:64], y[:64]), method="vmap")
+    loop(net, x[:16], y[:16])
+    out = {"loop": timed(loop, net, x[:N_LOOP], y[:N_LOOP], device=GPU)[0] * N / N_LOOP}
+    for label, kw in KWARGS:
+        if "generator" in kw:  # the sampled labels' generator lives on the device of the draws
+            kw = {**kw, "generator": torch.Generator(GPU).manual_seed(2)}
+        out[label] = timed(fisher_diagonal, net, ce, (x, y), device=GPU, **kw)[0]
+    return out
+
+
+KWARGS = (("fisher_diagonal, method='vmap'", {"method": "vmap"}),
+          ("fisher_diagonal, method='auto' (default)", {}),
+          ("fisher_diagonal, method='auto', mode='sampled'", {"mode": "sampled", "generator": None}))
 
 
 def rel_diff(F: dict[str, torch.Tensor], G: dict[str, torch.Tensor]) -> float:
@@ -67,10 +85,9 @@ def main() -> None:
     t_loop, F_loop = timed(loop, net, x[:N_LOOP], y[:N_LOOP])
     t_loop_full = t_loop * N / N_LOOP
     rows = [(f"per-sample Python loop ({N_LOOP} samples, scaled)", t_loop_full, None)]
-    for label, kw in (("fisher_diagonal, method='vmap'", {"method": "vmap"}),
-                      ("fisher_diagonal, method='auto' (default)", {}),
-                      ("fisher_diagonal, method='auto', mode='sampled'",
-                       {"mode": "sampled", "generator": torch.Generator().manual_seed(2)})):
+    for label, kw in KWARGS:
+        if "generator" in kw:
+            kw = {**kw, "generator": torch.Generator().manual_seed(2)}
         t, _ = timed(fisher_diagonal, net, ce, (x, y), **kw)
         check = None
         if "mode" not in kw:  # sampled labels differ from the loop's: no entry-wise comparison
@@ -79,10 +96,12 @@ def main() -> None:
 
     print(f"\nDiagonal Fisher, 784-1000-5 sigmoid network, cross-entropy, float32, {N:,} samples "
           f"({torch.get_num_threads()} threads)")
-    print(f"{'path':48s} {'time (s)':>9s} {'speed-up':>9s} {'vs loop':>9s}")
-    for label, t, check in rows:
+    gpu = on_gpu(on_device, x, y)
+    print(f"{'path':48s} {'time (s)':>9s} {'speed-up':>9s} {'vs loop':>9s} {HEADING + ' (s)':>12s}")
+    for i, (label, t, check) in enumerate(rows):
         speed = t_loop_full / t
-        print(f"{label:48s} {t:9.2f} {speed:8.1f}x {'' if check is None else f'{check:9.1e}'}")
+        g = gpu.get("loop" if i == 0 else label) if isinstance(gpu, dict) else gpu
+        print(f"{label:48s} {t:9.2f} {speed:8.1f}x {'' if check is None else f'{check:9.1e}':>9s} {cell(g, 12)}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ from datamodules.contexts import Contexts
 from zoo.gdln import GDLN, ReLUNet, cpu_threads
 from zoo.init import Gaussian
 
+from gpu_column import ACCELERATOR, GPU, HEADING, cell, clock, on_gpu
+
 EPOCHS, SIGMA, LR = 8000, 7.142857e-6, 1e-3
 
 
@@ -67,14 +69,15 @@ def bare_loop(kind: str, dm: Contexts) -> float:
     return time.perf_counter() - t
 
 
-def lightning_path(kind: str, dm: Contexts, num_threads: int | None = 1) -> float:
+def lightning_path(kind: str, dm: Contexts, num_threads: int | None = 1, accelerator: str = "cpu") -> float:
     net = make(kind, dm, num_threads)
     trainer = pl.Trainer(max_steps=EPOCHS, max_epochs=-1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    t = time.perf_counter()
+                         enable_progress_bar=False, enable_model_summary=False, accelerator=accelerator, devices=1)
+    device = GPU if accelerator == ACCELERATOR else None
+    t = clock(device)
     trainer.fit(net, datamodule=dm)
     assert net.epochs_done == EPOCHS
-    return time.perf_counter() - t
+    return clock(device) - t
 
 
 def main() -> None:
@@ -87,12 +90,13 @@ def main() -> None:
     dm = Contexts(3, "different")
     print(f"{EPOCHS} full-batch epochs, three-context task; torch's threads: {args.threads}; the loops: 1 thread")
     print(f"{'network':<16}{'Lightning s':>13}{f'at {args.threads} thr s':>12}{'autograd s':>12}{'bare s':>9}"
-          f"{'L/autograd':>12}{'L/bare':>8}{'target s':>10}")
+          f"{'L/autograd':>12}{'L/bare':>8}{'target s':>10}{HEADING + ' Lightning s':>18}")
     for kind, target in (("ReLU net (700)", 2.0), ("ReLN (4 x 100)", 6.0)):
         light, light_n = lightning_path(kind, dm), lightning_path(kind, dm, num_threads=None)
         auto, bare = autograd_loop(kind, dm), bare_loop(kind, dm)
+        gpu = on_gpu(lightning_path, kind, dm, None, ACCELERATOR)
         print(f"{kind:<16}{light:>13.2f}{light_n:>12.2f}{auto:>12.2f}{bare:>9.2f}{light / auto:>12.2f}"
-              f"{light / bare:>8.2f}{target:>10.1f}")
+              f"{light / bare:>8.2f}{target:>10.1f}{cell(gpu, 18)}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import torch
 
 from zoo.theory.meanfield import integrate
 
+from gpu_column import GPU, HEADING, cell, clock, on_gpu
+
 N_R, N_THETA, ALPHA1, ALPHA2, D_ALPHA = 20, 20, 30.0, 30.0, 0.01
 
 
@@ -42,6 +44,15 @@ def grid() -> tuple[torch.Tensor, ...]:
 def run(Q0, R0, T, heads0, hT, threads: int):
     return integrate(Q0, R0, T, heads0, hT, activation="erf", eta=1.0, alpha_switch=ALPHA1,
                      alpha_end=ALPHA1 + ALPHA2, d_alpha=D_ALPHA, record_every=0.5, cpu_threads=threads)
+
+
+def vectorised_on_gpu(Q0, R0, T, heads0, hT) -> float:
+    """The vectorised integration with every input on ``GPU`` (cpu_threads is ignored there)."""
+    args = [t.to(GPU) for t in (Q0, R0, T, heads0, hT)]
+    run(*args, threads=1)  # warm-up: kernels and allocator
+    t0 = clock(GPU)
+    run(*args, threads=1)
+    return clock(GPU) - t0
 
 
 def main() -> None:
@@ -67,12 +78,13 @@ def main() -> None:
         rows.append((threads, E, steps, vec, loop))
     print(f"mean-field ODE, erf, p=2, p*=1, {E} members ({N_R} x {N_THETA} polar heads), "
           f"{ALPHA1 + ALPHA2:g} time units, d_alpha={D_ALPHA} ({steps} Euler steps)")
+    gpu = on_gpu(vectorised_on_gpu, Q0, R0, T, heads0, hT)
     print(f"{'threads':>7} | {'members':>7} | {'vectorised s':>12} | {'us/member-step':>14} | "
-          f"{'loop s (scaled)':>15} | {'speed-up':>8}")
-    print("-" * 80)
+          f"{'loop s (scaled)':>15} | {'speed-up':>8} | {HEADING + ' vectorised s':>20}")
+    print("-" * 103)
     for threads, E, steps, vec, loop in rows:
         print(f"{threads:>7} | {E:>7} | {vec:>12.2f} | {vec / (E * steps) * 1e6:>14.3f} | "
-              f"{loop:>15.1f} | {loop / vec:>7.1f}x")
+              f"{loop:>15.1f} | {loop / vec:>7.1f}x | {cell(gpu, 20)}")
     print(f"(loop: {args.loop_members} members timed one by one with the same integrate call, scaled to {E})")
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from datamodules.shapes import SHAPES3D, _processes, generate_dsprites, generate_shapes3d, geometry_weights
 
+from gpu_column import GPU, HEADING
+
 
 def cpu_seconds() -> float:
     """CPU time of this process and its finished children (the generator's workers)."""
@@ -66,11 +68,12 @@ def main() -> None:
     print(f"\nGeneration at 64 px ({cores} cores usable; load average {load:.1f} at the end: on a shared "
           "machine the speed-up is what the other load leaves)")
     print(f"{'file':14s} {'processes':>9s} {'timed on':>20s} {'wall (s)':>9s} {'full wall (s)':>14s} "
-          f"{'full CPU (s)':>13s} {'speed-up':>9s} {'file size':>10s}")
+          f"{'full CPU (s)':>13s} {'speed-up':>9s} {'file size':>10s} {HEADING:>10s}")
     base = {r[0]: r[4] for r in rows if r[1] == 1}
     for name, procs, what, t, full, cpu, size in rows:
         print(f"{name:14s} {procs:9d} {what:>20s} {t:9.1f} {full:14.0f} {cpu:13.0f} {base[name] / full:8.2f}x "
-              f"{size:>10s}")
+              f"{size:>10s} {'n/a' if GPU is None else 'host only':>10s}")
+    print("(the generator renders with NumPy in worker processes on the host: a GPU does not change this table)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import warnings
 
 import lightning.pytorch as pl
@@ -23,6 +22,8 @@ from datamodules import TeacherStudent
 from zoo import MultiHeadStudent
 from zoo.init import Gaussian, Polar
 
+from gpu_column import ACCELERATOR, GPU, HEADING, cell, clock, on_gpu
+
 D, CHUNK = 1000, 1000
 
 
@@ -31,16 +32,16 @@ def _teacher(d: int) -> torch.Tensor:
     return w * (math.sqrt(d) / w.norm())
 
 
-def plain_loop(E: int, steps: int) -> float:
+def plain_loop(E: int, steps: int, device: torch.device | None = None) -> float:
     """Step-by-step SGD; E = 1 uses vectors, E > 1 the stacked (E p, d) first layer."""
     g = torch.Generator().manual_seed(0)
-    wT = _teacher(D)
-    W = 1e-3 * torch.randn(E * 2, D, generator=g)
-    h = torch.tensor([1.0, 0.0]).repeat(E)
+    wT = _teacher(D).to(device)
+    W = 1e-3 * torch.randn(E * 2, D, generator=g).to(device)
+    h = torch.tensor([1.0, 0.0]).repeat(E).to(device)
     c, s2 = 1 / math.sqrt(D), 1 / math.sqrt(2)
-    t = time.perf_counter()
+    t = clock(device)
     for a in range(0, steps, CHUNK):
-        X = torch.randn(CHUNK, D, generator=g)
+        X = torch.randn(CHUNK, D, generator=g).to(device)  # drawn on the host, as the datamodule does
         Y = torch.erf(X @ wT * (c * s2))
         for x, y in zip(X, Y):
             lam = (W @ x) * c
@@ -50,38 +51,43 @@ def plain_loop(E: int, steps: int) -> float:
             dd = delta.repeat_interleave(2) if E > 1 else delta
             W.addr_(dd * h * dphi, x, alpha=-c)
             h.sub_(dd * phi, alpha=1.0 / D)
-    return E * steps / (time.perf_counter() - t)
+    return E * steps / (clock(device) - t)
 
 
-def zoo_path(E: int, steps: int, steps_per_batch: int = CHUNK) -> float:
+def zoo_path(E: int, steps: int, steps_per_batch: int = CHUNK, accelerator: str = "cpu") -> float:
     dm = TeacherStudent(d=D, n_tasks=1, num_steps=steps, steps_per_batch=steps_per_batch, num_test=10)
     net = MultiHeadStudent(d=D, n_tasks=1, init_w=Gaussian(sigma=1e-3), init_heads=Polar(r=1.0, theta=0.0),
                            ensemble=E)
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu")
-    t = time.perf_counter()
+                         enable_model_summary=False, accelerator=accelerator, devices=1)
+    device = GPU if accelerator == ACCELERATOR else None
+    t = clock(device)
     trainer.fit(net, datamodule=dm)
-    return E * steps / (time.perf_counter() - t)
+    return E * steps / (clock(device) - t)
 
 
 def main() -> None:
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     zoo_path(1, 2000)  # warm-up: first-call costs (imports, allocator) out of the timings
+    on_gpu(zoo_path, 1, 2000, accelerator=ACCELERATOR)
     rows = []
     single = plain_loop(1, 20_000)
-    rows += [("single student, plain loop", single, 1.0),
-             ("single student, zoo (Lightning, 1000 steps/batch)", zoo_path(1, 20_000), None),
-             ("single student, zoo (Lightning, 1 step/batch)", zoo_path(1, 1000, steps_per_batch=1), None)]
-    rows = [(n, r, r / single) for n, r, _ in rows]
+    rows += [("single student, plain loop", single, 1.0, on_gpu(plain_loop, 1, 20_000, GPU)),
+             ("single student, zoo (Lightning, 1000 steps/batch)", zoo_path(1, 20_000), None,
+              on_gpu(zoo_path, 1, 20_000, accelerator=ACCELERATOR)),
+             ("single student, zoo (Lightning, 1 step/batch)", zoo_path(1, 1000, steps_per_batch=1), None,
+              on_gpu(zoo_path, 1, 1000, steps_per_batch=1, accelerator=ACCELERATOR))]
+    rows = [(n, r, r / single, g) for n, r, _, g in rows]
     batched = plain_loop(1024, 2000)
-    rows += [("1024 members, plain batched loop", batched, 1.0),
-             ("1024 members, zoo (Lightning)", zoo_path(1024, 4000), None)]
-    rows[-1] = (rows[-1][0], rows[-1][1], rows[-1][1] / batched)
+    rows += [("1024 members, plain batched loop", batched, 1.0, on_gpu(plain_loop, 1024, 2000, GPU)),
+             ("1024 members, zoo (Lightning)", zoo_path(1024, 4000), None,
+              on_gpu(zoo_path, 1024, 4000, accelerator=ACCELERATOR))]
+    rows[-1] = (rows[-1][0], rows[-1][1], rows[-1][1] / batched, rows[-1][3])
     print(f"\nOnline SGD, d = {D}, p = 2, erf ({torch.get_num_threads()} threads); ratio against the plain loop above it")
-    print(f"{'path':55s} {'student-steps/s':>16s} {'ratio':>7s}")
-    for name, rate, ratio in rows:
-        print(f"{name:55s} {rate:16,.0f} {ratio:7.2f}")
+    print(f"{'path':55s} {'student-steps/s':>16s} {'ratio':>7s} {HEADING + ' steps/s':>16s}")
+    for name, rate, ratio, gpu in rows:
+        print(f"{name:55s} {rate:16,.0f} {ratio:7.2f} {cell(gpu, 16, ',.0f')}")
 
 
 if __name__ == "__main__":

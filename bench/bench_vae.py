@@ -29,6 +29,8 @@ import torch
 from zoo.init import Gain
 from zoo.vae import BetaVAE, BetaVAESweep
 
+from gpu_column import GPU, HEADING, cell, clock, on_gpu
+
 ARGS = dict(latent_dim=10, encoder_widths=[256, 128, 64, 32], decoder_widths=[32, 64, 128, 256], lr=1e-3,
             image_shape=[3, 16, 16])
 
@@ -46,17 +48,18 @@ def gains(m: int) -> list[float]:
     return [0.3 + 2.7 * i / max(m - 1, 1) for i in range(m)]
 
 
-def time_sweep(m: int, steps: int, x: torch.Tensor) -> tuple[float, NoNoiseSweep]:
-    sweep = NoNoiseSweep(init_encoder=Gain(g=gains(m)), seeds=[0], **ARGS)
+def time_sweep(m: int, steps: int, x: torch.Tensor, device: torch.device | None = None) -> tuple[float, NoNoiseSweep]:
+    sweep = NoNoiseSweep(init_encoder=Gain(g=gains(m)), seeds=[0], **ARGS).to(device)
+    x = x.to(device)
     opt = sweep.configure_optimizers()
     t = 0.0
     for i in range(steps + 1):
-        start = time.perf_counter()
+        start = clock(device)
         loss = sum(v.losses(x, i)["loss"] for v in sweep.members)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        t += (time.perf_counter() - start) if i else 0.0  # the first step warms up
+        t += (clock(device) - start) if i else 0.0  # the first step warms up
     return t / steps, sweep
 
 
@@ -81,14 +84,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     a = p.parse_args()
     x = torch.rand(64, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    print(f"{'threads':>7} {'sweep s/step':>13} {'separate s/step':>16} {'max |param diff|':>17}")
+    gpu = on_gpu(lambda: time_sweep(a.members, a.steps, x, GPU)[0])  # one device: no threads to vary
+    print(f"{'threads':>7} {'sweep s/step':>13} {'separate s/step':>16} {'max |param diff|':>17} "
+          f"{HEADING + ' sweep s/step':>21}")
     for threads in (1, 2):
         torch.set_num_threads(threads)
         ts, sweep = time_sweep(a.members, a.steps, x)
         tp, models = time_separate(a.members, a.steps, x)
         diff = max((p1 - p2).abs().max().item() for v, w in zip(sweep.members, models)
                    for p1, p2 in zip(v.parameters(), w.parameters()))
-        print(f"{threads:>7} {ts:>13.3f} {tp:>16.3f} {diff:>17.2e}")
+        print(f"{threads:>7} {ts:>13.3f} {tp:>16.3f} {diff:>17.2e} {cell(gpu, 21, '.4f')}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ learning rate ``lr``, gradient descent follows ``tau dW/dt = sigma_yx - W sigma_
 ``sigma_yx / c`` and time constant ``tau / c``: ``modes()`` returns them in that form.
 
 By default a training epoch is ``batches_per_epoch`` full batches (full-batch gradient
-descent, the papers' setting); ``batch_size`` switches to shuffled minibatches.
+descent, the papers' setting); ``batch_size`` switches to shuffled minibatches. A full batch is
+served from the device the model trains on (``trainer.strategy.root_device``), copied there once,
+so an accelerator does not receive the same data set again at every step.
 
 Validation and test evaluate on the task's data set itself, as one batch: [L]'s tasks are fixed
 data sets to fit (the papers study the learning dynamics, not generalisation), so the error on
@@ -36,6 +38,28 @@ class TaskModes(NamedTuple):
     s: Tensor
     V: Tensor
     c: float
+
+
+def on_model_device(datamodule: pl.LightningDataModule, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors`` on the device of the model that ``datamodule``'s Trainer trains
+    (``trainer.strategy.root_device``), copied there once and kept on the datamodule; unchanged
+    without a Trainer or on that device already. For loaders that serve a whole data set as every
+    batch (``RepeatedBatch``): Lightning would otherwise copy it to the accelerator at every step."""
+    trainer = getattr(datamodule, "trainer", None)
+    if trainer is None:
+        return tensors
+    device = trainer.strategy.root_device
+    copies: list[tuple[Tensor, Tensor]] = datamodule.__dict__.setdefault("_copies_on_model_device", [])
+    out = []
+    for t in tensors:
+        if t.device != device:
+            hit = next((c for src, c in copies if src is t and c.device == device), None)
+            if hit is None:
+                hit = t.to(device)
+                copies.append((t, hit))
+            t = hit
+        out.append(t)
+    return tuple(out)
 
 
 class RepeatedBatch(Dataset):
@@ -118,6 +142,9 @@ class LinearTask(pl.LightningDataModule):
             self._X, self._Y = X.to(torch.float32), Y.to(torch.float32)
         return self._X, self._Y  # type: ignore[return-value]
 
+    def _full_batch(self) -> tuple[Tensor, Tensor]:
+        return on_model_device(self, *self._data())  # type: ignore[return-value]
+
     @property
     def X(self) -> Tensor:
         return self._data()[0]
@@ -157,14 +184,14 @@ class LinearTask(pl.LightningDataModule):
         return TaskModes(U, s, Vh.T, c)
 
     def train_dataloader(self) -> DataLoader:
-        X, Y = self._data()
         if self.batch_size is None:
-            return DataLoader(RepeatedBatch(X, Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+            return DataLoader(RepeatedBatch(*self._full_batch(), self.batches_per_epoch), batch_size=None, shuffle=False)
+        X, Y = self._data()  # minibatches are drawn on the host (Lightning moves each one)
         return ResumableLoader(TensorDataset(X, Y), self.batch_size, EpochShuffle(X.shape[0], self.seed),
                                batches_done=self._batches_done)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(*self._data(), 1), batch_size=None, shuffle=False)
+        return DataLoader(RepeatedBatch(*self._full_batch(), 1), batch_size=None, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

@@ -7,14 +7,34 @@ import csv
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
+
+
+def host_floats(metrics: dict[str, object]) -> dict[str, float]:
+    """``{k: float(v)}`` with one device-to-host transfer per device for the tensor values
+    (``float()`` of each one would wait for the device once per value); the same numbers: every
+    float dtype of one element converts exactly to float64."""
+    out: dict[str, float] = {}
+    on: dict[torch.device, list[str]] = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            on.setdefault(v.device, []).append(k)
+        else:
+            out[k] = float(v)  # type: ignore[arg-type]
+    for keys in on.values():
+        values = torch.stack([metrics[k].detach().reshape(()).to(torch.float64) for k in keys]).tolist()  # type: ignore[union-attr]
+        out.update(zip(keys, values))
+    return {k: out[k] for k in metrics}
 
 
 def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
     """Write ``metrics`` straight to every logger at ``step`` (default ``global_step``)."""
     step = trainer.global_step if step is None else step
-    for logger in trainer.loggers:
-        logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+    if trainer.loggers:
+        values = host_floats(metrics)
+        for logger in trainer.loggers:
+            logger.log_metrics(dict(values), step=step)
 
 
 def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> None:

@@ -11,25 +11,38 @@ import torch
 
 class Progress:
     """Mixin for a LightningModule: ``samples_seen`` (a buffer, so it is saved in checkpoints and
-    lives on the module's device) and ``epochs_done``. Call ``count_samples(n)`` once per batch."""
+    lives on the module's device) and ``epochs_done``. Call ``count_samples(n)`` once per batch.
+
+    The count is kept on the host as well and read from there: reading the buffer on a GPU would
+    wait for every queued kernel, at each step and in each callback that schedules on samples.
+    The buffer is written (no sync) at each count and read once when a state dict is loaded.
+    """
 
     def init_progress(self) -> None:
         """Call in ``__init__`` after ``LightningModule.__init__``."""
         self.register_buffer("samples_seen_", torch.zeros((), dtype=torch.int64))
+        self.samples_counted = 0
+        self.register_load_state_dict_post_hook(_count_from_buffer)
 
     def count_samples(self, n: int) -> None:
-        self.samples_seen_ += n
+        self.samples_counted += int(n)
+        self.samples_seen_.fill_(self.samples_counted)
 
     @property
     def samples_seen(self) -> int:
         """Training samples consumed so far (for online SGD: the SGD steps taken)."""
-        return int(self.samples_seen_)
+        return self.samples_counted
 
     @property
     def epochs_done(self) -> int:
         """Completed passes over the training data (0 when no trainer is attached)."""
         trainer = attached_trainer(self)
         return int(trainer.current_epoch) if trainer is not None else 0
+
+
+def _count_from_buffer(module, incompatible_keys) -> None:
+    """After ``load_state_dict`` (a checkpoint, a resumed run): the host count is the loaded one."""
+    module.samples_counted = int(module.samples_seen_)
 
 
 def attached_trainer(module):

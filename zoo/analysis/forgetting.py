@@ -25,7 +25,8 @@ def error_matrix(at_task_ends: Sequence[Tensor]) -> Tensor:
     ``(E, n_tasks)`` errors recorded at the end of each task so far, in task order."""
     if not at_task_ends:
         raise ValueError("error_matrix: no task has ended yet")
-    M = torch.stack([torch.as_tensor(a, dtype=torch.float64) for a in at_task_ends], 1)
+    # on the host: the errors may come from the module's device, and M is for tables and figures
+    M = torch.stack([torch.as_tensor(a).to("cpu", torch.float64) for a in at_task_ends], 1)
     if M.dim() != 3 or M.shape[1] > M.shape[2]:
         raise ValueError(f"error_matrix: need (E, n_tasks) errors for at most n_tasks task ends; got {tuple(M.shape)}")
     return M
@@ -37,6 +38,7 @@ def forgetting_transfer(M: Tensor, now: Tensor) -> tuple[Tensor, Tensor]:
     and transfer to the task after the last finished one ``M[:, k-1, k] - now[:, k]``, (E,)
     (NaN once every task has finished)."""
     k, n = M.shape[1], M.shape[2]
+    M = M.to(now.device)  # M is kept on the host (error_matrix); now may be on the module's device
     forgetting = now[:, :k] - torch.diagonal(M, dim1=1, dim2=2)
     transfer = M[:, k - 1, k] - now[:, k] if k < n else torch.full_like(now[:, 0], math.nan)
     return forgetting, transfer
@@ -158,7 +160,7 @@ def errors_to_kept(pred: Tensor, target: Tensor, task1: Sequence[int], task2: Se
     the digits in label order, as ``MNISTContinual.digits[s]``). Errors spread evenly would give
     ``k / 4`` (``k`` kept of the 4 wrong labels); near 1, task 2 merged the dropped digits into the
     kept ones. NaN without such errors."""
-    kept = torch.tensor([i for i, d in enumerate(task1) if d in task2], dtype=torch.long)
+    kept = torch.tensor([i for i, d in enumerate(task1) if d in task2], dtype=torch.long, device=pred.device)
     dropped_wrong = (pred != target) & ~torch.isin(target, kept)
     n = int(dropped_wrong.sum())
     return float(torch.isin(pred[dropped_wrong], kept).sum()) / n if n else math.nan

@@ -28,12 +28,12 @@ def loss_curves(curves: dict[str, tuple[Tensor, Tensor]], predicted: dict[str, t
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for i, (name, (t, L)) in enumerate(curves.items()):
         c = f"C{i % 10}"
-        ax.plot(t.numpy(), L.mean(-1).numpy(), color=c, lw=1.8, label=f"{name} (simulated)")
+        ax.plot(t.cpu().numpy(), L.mean(-1).cpu().numpy(), color=c, lw=1.8, label=f"{name} (simulated)")
         for source, kw, what in ((predicted, dict(ls="--", lw=1.2), "predicted"),
                                  (closed_form, dict(lw=5, alpha=0.3), "closed form")):
             if name in source:
                 tp, p = source[name]
-                ax.plot(tp.numpy(), p.mean(-1).numpy(), color=c, label=f"{name} ({what})", **kw)
+                ax.plot(tp.cpu().numpy(), p.mean(-1).cpu().numpy(), color=c, label=f"{name} ({what})", **kw)
     ax.set_yscale("log" if log_y else "linear")
     ax.set(xlabel="epoch", ylabel="loss")
     ax.legend(fontsize=8)
@@ -50,7 +50,7 @@ def pathway_singular_values(epochs: np.ndarray, sv: np.ndarray, t: Tensor, predi
     for p, ax in enumerate(axes[0]):
         for k in range(K):
             ax.plot(epochs, sv[:, p, k], color=plt.cm.viridis(k / max(K, 2)), lw=1.6)
-            ax.plot(t.numpy(), predicted[:, p, k].numpy(), color="k", ls="--", lw=0.8)
+            ax.plot(t.cpu().numpy(), predicted[:, p, k].cpu().numpy(), color="k", ls="--", lw=0.8)
         ax.set_title(f"{model}: {names[p]}", fontsize=8)
         ax.set_xlabel("epoch")
     axes[0, 0].set_ylabel("u_k^T W_p v_k (dashed: race)")
@@ -69,7 +69,7 @@ def xor_times(deltas: Tensor, times: dict[str, Tensor], criterion: float, crosso
                       label=f"{'XoR' if kind == 'xor' else kind} GDLN (closed form)")
         else:
             kw = dict(ls="none", marker=next(markers, "o"), ms=5, label=f"{name} (simulated)")
-        ax.plot(deltas.numpy(), ts.numpy(), **kw)
+        ax.plot(deltas.cpu().numpy(), ts.cpu().numpy(), **kw)
     ax.axvline(crossover, color="grey", ls="--", lw=1, label="sqrt(2/3)")
     ax.set(xlabel="Delta", ylabel=f"steps to loss {criterion:g}")
     ax.legend(fontsize=7)
@@ -84,10 +84,10 @@ def xor_trajectories(panels: list[dict]):
     for ax, p in zip(axes[0], panels):
         t = p["t"]
         for kind, L in p["closed_form"].items():
-            ax.plot(t.numpy(), L.numpy(), color={"linear": "tab:blue"}.get(kind, "tab:orange"), lw=5, alpha=0.3,
+            ax.plot(t.cpu().numpy(), L.cpu().numpy(), color={"linear": "tab:blue"}.get(kind, "tab:orange"), lw=5, alpha=0.3,
                     label=f"{kind} GDLN (closed form)")
         for i, (name, L) in enumerate(p["simulated"].items()):
-            ax.plot(t.numpy(), L.numpy(), color=f"C{i + 2}", lw=1.2, label=f"{name} (simulated)")
+            ax.plot(t.cpu().numpy(), L.cpu().numpy(), color=f"C{i + 2}", lw=1.2, label=f"{name} (simulated)")
         ax.set_title(f"Delta = {p['Delta']:.3g}", fontsize=9)
         ax.set_xlabel("step")
         # the drops are sharp: show up to a little past the last curve's fall below 2% of its start
@@ -108,7 +108,7 @@ def stereotypical_loss(curves: dict[str, Tensor], summary: dict[str, dict], frac
     fig, axes = plt.subplots(1, len(scales), figsize=(6 * len(scales), 4.5), dpi=100, squeeze=False)
     lines = []
     for i, (name, s) in enumerate(summary.items()):
-        L = curves[name].numpy()
+        L = curves[name].cpu().numpy()
         t, every = np.arange(L.shape[0]), max(1, L.shape[0] // MAX_POINTS)
         for ax in axes[0]:
             ax.plot(t[::every], L[::every], color=f"C{i % 10}", lw=0.6, alpha=0.15)
@@ -140,7 +140,7 @@ def reln_gates(result: dict, title: str, n_contexts: int | None = None, n_items:
             else fig.add_gridspec(len(ks), 1, height_ratios=heights))
     for r, (k, C) in enumerate(zip(ks, cents)):
         ax = fig.add_subplot(grid[r, 0])
-        ax.imshow(C.numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+        ax.imshow(C.cpu().numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
         for b in bounds:
             ax.axvline(b, color="tab:red", lw=1)
         ax.set_yticks(range(k))
@@ -171,7 +171,7 @@ def mds(records: list[tuple[int, Tensor]], name: str, context: Tensor | None = N
     plt = pyplot()
     fig, axes = plt.subplots(1, len(records), figsize=(3.0 * len(records), 3.0), dpi=90, squeeze=False)
     for ax, (epoch, c) in zip(axes[0], records):
-        c = c.numpy()
+        c = c.cpu().numpy()
         y = c[:, 1] if c.shape[1] > 1 else np.zeros(len(c))
         ax.scatter(c[:, 0], y, c=None if context is None else np.asarray(context), cmap="tab10", vmin=0, vmax=9, s=25)
         if n_items is not None:
