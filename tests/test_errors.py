@@ -176,7 +176,19 @@ def test_the_fuzz_set_covers_every_kind(in_tmp):
     assert {QS, STUDENT, MNIST, VAE, ISAE, SHAPES, XOR, CONTEXTS, RELU, NTK, PHASE} <= configs
 
 
-@pytest.mark.parametrize("config, overrides, expected", CASES, ids=[f"{i:02d}" for i in range(len(CASES))])
+def _tiered(cases) -> list:
+    """The quick tier (-m "not slow") runs each config's first case, one per recipe family and YAML
+    file; the rest are slow (a CLI parse each, about 0.3 s: together the quick tier's longest check)."""
+    seen: set[str] = set()
+    out = []
+    for i, case in enumerate(cases):
+        marks = () if case[0] not in seen else (pytest.mark.slow,)
+        seen.add(case[0])
+        out.append(pytest.param(*case, marks=marks, id=f"{i:02d}"))
+    return out
+
+
+@pytest.mark.parametrize("config, overrides, expected", _tiered(CASES))
 def test_invalid_setting_is_one_line_and_exit_2_before_training(in_tmp, capsys, no_training, config, overrides,
                                                                  expected):
     from zoo.cli import main
