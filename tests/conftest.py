@@ -99,7 +99,7 @@ def finish(started: tuple, timeout: float = 300.0):
     return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
 
 
-def stop(started: tuple) -> None:
+def stop_zoo(started: tuple) -> None:
     """Ends a ``start_zoo`` run still going (a fixture's teardown: its test did not ``finish`` it)."""
     proc, *files = started
     if proc.poll() is None:

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from tests.conftest import REPO, finish, run_cli, selected, start_zoo, stop
+from tests.conftest import REPO, finish, run_cli, selected, start_zoo, stop_zoo
 
 QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
 
@@ -122,7 +122,7 @@ def dash_m_help(request, tmp_path_factory):
     started = start_zoo(tmp_path_factory.mktemp("dash_m"), "fit", "--help") if selected(request, "dash_m") else None
     yield started
     if started is not None:
-        stop(started)
+        stop_zoo(started)
 
 
 @pytest.mark.slow

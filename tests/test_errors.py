@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from tests.conftest import REPO, finish, selected, start_zoo, stop
+from tests.conftest import REPO, finish, selected, start_zoo, stop_zoo
 
 R = REPO / "recipes"
 QS = str(R / "quickstart.yaml")
@@ -228,7 +228,7 @@ def entry_point_runs(request, tmp_path_factory):
                                       *SHORT, *overrides)
     yield runs
     for _, started in runs.values():
-        stop(started)
+        stop_zoo(started)
 
 
 @pytest.mark.parametrize("case", range(len(ENTRY_POINT)), ids=[m.split(":")[1].strip() for _, m in ENTRY_POINT])
