@@ -58,3 +58,52 @@ def quiet_trainer(tmp_path, callbacks, logger: bool = True, existing: tuple[str,
     return pl.Trainer(max_epochs=1, logger=lg, callbacks=callbacks, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                       default_root_dir=tmp_path)
+
+
+def selected(request, name: str) -> bool:
+    """Whether a test of ``request``'s module whose name contains ``name`` is in this session's run
+    (for a module fixture that starts work those tests will need, only when they run)."""
+    return any(item.module is request.module and name in item.name for item in request.session.items)
+
+
+def start_zoo(folder: Path, *args: str, cwd: Path = REPO) -> tuple:
+    """``python -m zoo *args`` started in the background, stdout and stderr into files in ``folder``.
+    A module starts its subprocess runs when it begins: each pays an interpreter and Lightning's import
+    (seconds), on the other core while the in-process tests run here. ``finish`` waits for it."""
+    import os
+    import subprocess
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out, err = open(folder / "stdout", "w+"), open(folder / "stderr", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "zoo", *args], stdout=out, stderr=err, cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    return proc, out, err
+
+
+def finish(started: tuple, timeout: float = 300.0):
+    """Waits for a ``start_zoo`` run; returns a ``subprocess.CompletedProcess`` with its text output."""
+    import subprocess
+
+    proc, out, err = started
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    texts = []
+    for f in (out, err):
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
+
+
+def stop_zoo(started: tuple) -> None:
+    """Ends a ``start_zoo`` run still going (a fixture's teardown: its test did not ``finish`` it)."""
+    proc, *files = started
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for f in files:
+        f.close()

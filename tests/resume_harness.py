@@ -7,13 +7,16 @@ subprocess for the kill), each in its own folder, so ``lightning_logs/version_0`
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,3 +123,27 @@ def assert_same_run(reference: Path, resumed: Path, *, stop_step: int | None = N
     assert fa.keys() <= fb.keys(), f"figures missing after the resume: {sorted(fa.keys() - fb.keys())}"
     for name in fa:
         assert fa[name] == fb[name], f"figure {name}.png differs after the resume"
+
+
+class KeepCheckpoint(pl.Callback):
+    """Copies ``last.ckpt`` as it was at ``step`` to ``kept.ckpt``. Put back after the run, the run
+    folder is that of a run killed later than that checkpoint: it holds what it logged after it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # runs before RunCheckpoint's save of this batch: last.ckpt still holds an earlier step
+        ckpt = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
+        if ckpt.exists() and not ckpt.with_name("kept.ckpt").exists() and checkpoint_step(ckpt) == self.step:
+            shutil.copy(ckpt, ckpt.with_name("kept.ckpt"))
+
+
+def resume_from_kept(folder: Path, args: list[str], step: int) -> Path:
+    """A whole run that kept its checkpoint at ``step``, resumed from that checkpoint: as a run killed
+    after it (every point logged after the checkpoint is purged), in-process. Returns the run folder."""
+    keep = json.dumps({"class_path": "resume_harness.KeepCheckpoint", "init_args": {"step": step}})
+    fit(folder, *args, f"--trainer.callbacks+={keep}")
+    ckpts = folder / "lightning_logs/version_0/checkpoints"
+    shutil.move(ckpts / "kept.ckpt", ckpts / "last.ckpt")
+    return fit(folder, *args, "--ckpt_path", "last")

@@ -1,8 +1,6 @@
 """The command line: parse-time errors, --print_config, defaults, and the lightning-sdk hand-off."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -10,7 +8,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, finish, run_cli, selected, start_zoo, stop_zoo
 
 QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
 
@@ -117,11 +115,19 @@ def test_without_lightning_sdk_unknown_commands_are_the_clis_error(in_tmp, capsy
     assert stop.value.code == 2
 
 
+@pytest.fixture(scope="module", autouse=True)
+def dash_m_help(request, tmp_path_factory):
+    """``python -m zoo fit --help``, started as this module begins (when its test is selected): it
+    runs beside the in-process tests."""
+    started = start_zoo(tmp_path_factory.mktemp("dash_m"), "fit", "--help") if selected(request, "dash_m") else None
+    yield started
+    if started is not None:
+        stop_zoo(started)
+
+
 @pytest.mark.slow
-def test_python_dash_m_zoo_runs_the_same_cli():
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "zoo", "fit", "--help"], capture_output=True, text=True, env=env,
-                         cwd=REPO, timeout=300)
+def test_python_dash_m_zoo_runs_the_same_cli(dash_m_help):
+    out = finish(dash_m_help)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--model" in out.stdout and "--data" in out.stdout and "seed_everything" in out.stdout
 

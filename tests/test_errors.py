@@ -9,15 +9,12 @@ line, before Lightning's own "Seed set" / "GPU available" lines.
 from __future__ import annotations
 
 import gzip
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, finish, selected, start_zoo, stop_zoo
 
 R = REPO / "recipes"
 QS = str(R / "quickstart.yaml")
@@ -179,7 +176,19 @@ def test_the_fuzz_set_covers_every_kind(in_tmp):
     assert {QS, STUDENT, MNIST, VAE, ISAE, SHAPES, XOR, CONTEXTS, RELU, NTK, PHASE} <= configs
 
 
-@pytest.mark.parametrize("config, overrides, expected", CASES, ids=[f"{i:02d}" for i in range(len(CASES))])
+def _tiered(cases) -> list:
+    """The quick tier (-m "not slow") runs each config's first case, one per recipe family and YAML
+    file; the rest are slow (a CLI parse each, about 0.3 s: together the quick tier's longest check)."""
+    seen: set[str] = set()
+    out = []
+    for i, case in enumerate(cases):
+        marks = () if case[0] not in seen else (pytest.mark.slow,)
+        seen.add(case[0])
+        out.append(pytest.param(*case, marks=marks, id=f"{i:02d}"))
+    return out
+
+
+@pytest.mark.parametrize("config, overrides, expected", _tiered(CASES))
 def test_invalid_setting_is_one_line_and_exit_2_before_training(in_tmp, capsys, no_training, config, overrides,
                                                                  expected):
     from zoo.cli import main
@@ -200,23 +209,37 @@ def test_invalid_setting_is_one_line_and_exit_2_before_training(in_tmp, capsys, 
     assert not list((in_tmp / "lightning_logs").rglob("*.ckpt"))  # no checkpoint of a run that should not be
 
 
-def _zoo(*args, **env):
-    return subprocess.run([sys.executable, "-m", "zoo", "fit", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=300)
-
-
-@pytest.mark.parametrize("overrides, message", [
+ENTRY_POINT = [
     (["--model.init_args.lr=nan"], "DeepLinearNet: lr = nan; allowed: a positive number"),
     # found at setup, after Lightning has logged "Seed set", "GPU available", ...: still the first line
     (["--data=TeacherStudent"], "DeepLinearNet: task_aligned = true needs a datamodule with modes()"),
-])
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def entry_point_runs(request, tmp_path_factory):
+    """The real entry point's runs, started as this module begins (when their test is selected):
+    they run beside the in-process cases. Run i: (its default_root_dir, the started process)."""
+    runs = {}
+    if selected(request, "real_entry_point"):
+        for i, (overrides, _) in enumerate(ENTRY_POINT):
+            root = tmp_path_factory.mktemp(f"entry{i}")
+            runs[i] = root, start_zoo(root / "out", "fit", "--config", QS, f"--trainer.default_root_dir={root}",
+                                      *SHORT, *overrides)
+    yield runs
+    for _, started in runs.values():
+        stop_zoo(started)
+
+
+@pytest.mark.parametrize("case", range(len(ENTRY_POINT)), ids=[m.split(":")[1].strip() for _, m in ENTRY_POINT])
 @pytest.mark.slow
-def test_the_real_entry_point_prints_the_message_first(tmp_path, overrides, message):
-    out = _zoo("--config", QS, f"--trainer.default_root_dir={tmp_path}", *SHORT, *overrides)
+def test_the_real_entry_point_prints_the_message_first(entry_point_runs, case):
+    root, started = entry_point_runs[case]
+    out = finish(started)
     lines = out.stderr.strip("\n").split("\n")
     assert out.returncode == 2, out.stderr[-3000:]
-    assert lines[0].startswith(message) and len(lines) <= 3, out.stderr[-3000:]
-    assert not list(tmp_path.rglob("*.ckpt"))
+    assert lines[0].startswith(ENTRY_POINT[case][1]) and len(lines) <= 3, out.stderr[-3000:]
+    assert not list(root.rglob("*.ckpt"))
 
 
 def test_zoo_traceback_shows_the_full_traceback_after_the_message(in_tmp, capsys, monkeypatch):

@@ -1,14 +1,20 @@
-"""Exact resume of DeepLinearNet (the quickstart recipe): stopped by max_steps, or killed with
-SIGKILL after a mid-run checkpoint, then resumed with --ckpt_path last: the same final weights,
-scalars and figures as the uninterrupted run, bit for bit."""
+"""Exact resume of DeepLinearNet (the quickstart recipe): stopped by max_steps, killed with SIGKILL
+after a mid-run checkpoint, or stopped by SIGTERM, then resumed with --ckpt_path last: the same
+final weights, scalars and figures as the uninterrupted run, bit for bit."""
 from __future__ import annotations
 
+import os
+import signal
+
+import lightning.pytorch as pl
 import pytest
 from resume_harness import assert_same_run, checkpoint_step, fit, fit_killed
 
 pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
 
-RECIPE = ["--config", "recipes/quickstart.yaml", "--trainer.max_steps=600"]
+# 300 steps: three epochs of 100 (10 batches of 10 steps), a checkpoint every 30 steps (a tenth),
+# NetworkMap's figure at step 250, after every interruption below
+RECIPE = ["--config", "recipes/quickstart.yaml", "--trainer.max_steps=300"]
 
 
 @pytest.fixture(scope="module")
@@ -21,30 +27,54 @@ def reference(tmp_path_factory):
 
 def test_stop_by_max_steps_then_resume(reference, tmp_path, one_thread):
     args, full = reference
-    fit(tmp_path, *args, "--trainer.max_steps=230")
+    fit(tmp_path, *args, "--trainer.max_steps=130")
     ckpt = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
-    assert checkpoint_step(ckpt) == 230  # saved mid-epoch, where max_steps stopped it
+    assert checkpoint_step(ckpt) == 130  # saved mid-epoch, where max_steps stopped it
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert not (tmp_path / "lightning_logs/version_1").exists()  # resumed into its own folder
-    assert checkpoint_step(ckpt) == 600
-    assert_same_run(full, run, stop_step=230)
+    assert checkpoint_step(ckpt) == 300
+    assert_same_run(full, run, stop_step=130)
 
 
 def test_kill_then_resume(reference, tmp_path):
     args, full = reference
     step = fit_killed(tmp_path, *args)
-    assert 0 < step < 600
+    assert 0 < step < 300
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert_same_run(full, run)
 
 
-def test_sigterm_saves_exits_143_and_resumes(reference, tmp_path):
+class SigtermAt(pl.Callback):
+    """Sends this process SIGTERM at the end of the batch that reaches ``step``, as a cluster
+    scheduler would mid-run (in-process: the subprocess of the SIGKILL test costs an interpreter
+    and Lightning's import, and the signal takes the same path)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_saves_exits_143_and_resumes(reference, tmp_path, capsys):
     """What a cluster scheduler sends before killing a job: the run saves after the batch in
-    progress and exits non-zero, and resuming from that checkpoint gives the uninterrupted run."""
-    import signal
+    progress and exits 143, and resuming from that checkpoint gives the uninterrupted run. Step 130
+    is between the scheduled checkpoints (every 30): the save is the SIGTERM's."""
+    from zoo.cli import main
 
     args, full = reference
-    step = fit_killed(tmp_path, *args, sig=signal.SIGTERM)
-    assert 0 < step < 600
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main(["fit", *args, "--trainer.enable_progress_bar=false",
+                  '--trainer.callbacks+={"class_path": "test_resume_deep_linear.SigtermAt", "init_args": {"step": 130}}'])
+    finally:
+        os.chdir(cwd)
+    assert stop.value.code == 143
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # Lightning put the handler back
+    assert checkpoint_step(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt") == 130
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert_same_run(full, run)

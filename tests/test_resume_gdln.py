@@ -26,7 +26,8 @@ FIG6_SMALL = """[
    init: {class_path: zoo.init.Gaussian, init_args: {sigma: 0.003}}, ensemble: 4, lr: 0.001, reduction: sum}}]"""
 CASES = {
     # Comparison of four networks on contexts: LossCurves (race), PathwaySingularValues
-    "fig4": ["--config", f"{R}/haste_slowly/fig4_contexts.yaml", "--trainer.max_steps=200", EPS],
+    # (100 epochs: LossCurves' points at 50 and 100 come after every interruption)
+    "fig4": ["--config", f"{R}/haste_slowly/fig4_contexts.yaml", "--trainer.max_steps=100", EPS],
     # two-layer ReLUNet + DepthGDLN: StereotypicalLoss, LossCurves, ActivationPatterns per layer
     "fig6": ["--config", f"{R}/haste_slowly/fig6_depth.yaml", "--trainer.max_steps=2000",
              "--model.init_args.epochs_per_step=100", "--model.init_args.models", FIG6_SMALL],
@@ -44,8 +45,8 @@ CASES = {
     # DeepLinearNet: the NTK at initialisation must survive the resume
     "ntk": ["--config", f"{R}/lazy_rich/ntk_square.yaml", "--trainer.max_steps=400"],
 }
-STOP = {"fig4": 70, "fig6": 700, "fig8": 70, "gdln": 70, "minibatch": 40, "ntk": 150}
-TOTAL = {"fig4": 200, "fig6": 2000, "fig8": 200, "gdln": 200, "minibatch": 90, "ntk": 400}
+STOP = {"fig4": 40, "fig6": 700, "fig8": 70, "gdln": 70, "minibatch": 40, "ntk": 150}
+TOTAL = {"fig4": 100, "fig6": 2000, "fig8": 200, "gdln": 200, "minibatch": 90, "ntk": 400}
 
 
 @pytest.fixture(scope="module")

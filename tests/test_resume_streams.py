@@ -8,15 +8,12 @@ Without the slow ones (-m "not slow"): a stop before the switch (student), at it
 a checkpoint there (EWC), a stop after it and a kill before it (classifier), a changed stream."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed, scalars
+from resume_harness import REPO, assert_same_run, checkpoint_step, fit, fit_killed, resume_from_kept, scalars
 
 ODE = ["--config", f"{REPO}/recipes/specialisation/ode_vs_simulation.yaml", "--data.init_args.num_steps=4000",
        "--data.init_args.switch_step=2000", "--data.init_args.d=400", "--model.init_args.d=400",
@@ -147,35 +144,11 @@ def test_fig7_ewc_stopped_by_max_steps(fig7_reference, tmp_path, stop, samples):
     assert int(got["state_dict"]["ewc.consolidations"]) == 1  # anchored once, not again after the resume
 
 
-class KeepCheckpoint(pl.Callback):
-    """Copies ``last.ckpt`` as it was at ``step`` to ``kept.ckpt``. Put back after the run, the run
-    folder is that of a run killed later than that checkpoint: it holds what it logged after it."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # runs before RunCheckpoint's save of this batch: last.ckpt still holds an earlier step
-        ckpt = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
-        if ckpt.exists() and not ckpt.with_name("kept.ckpt").exists() and checkpoint_step(ckpt) == self.step:
-            shutil.copy(ckpt, ckpt.with_name("kept.ckpt"))
-
-
 @pytest.mark.slow
 def test_fig7_killed_after_the_checkpoint_at_the_switch(fig7_reference, tmp_path):
     """The EWC anchors (and their logged summary) belong to the checkpoint at the switch: a run killed
     after it and resumed neither anchors twice nor logs ewc/fisher/* twice at the switch."""
-    assert_same_run(fig7_reference, resume_from_the_switch(tmp_path, FIG7, 3))  # 3 chunks of 200 steps
-
-
-def resume_from_the_switch(folder, args, switch):
-    """A whole run that kept its checkpoint at the switch, resumed from that checkpoint: as a run
-    killed after it (every point logged after the checkpoint is purged). Returns the run folder."""
-    keep = json.dumps({"class_path": "test_resume_streams.KeepCheckpoint", "init_args": {"step": switch}})
-    fit(folder, *args, f"--trainer.callbacks+={keep}")
-    ckpts = folder / "lightning_logs/version_0/checkpoints"
-    shutil.move(ckpts / "kept.ckpt", ckpts / "last.ckpt")
-    return fit(folder, *args, "--ckpt_path", "last")
+    assert_same_run(fig7_reference, resume_from_kept(tmp_path, FIG7, 3))  # 3 chunks of 200 steps
 
 
 # -- MultiHeadClassifier on MNISTContinual ------------------------------------------------------------
@@ -211,7 +184,7 @@ def test_fig12_ewc_killed_after_the_checkpoint_at_the_switch(mnist_dir, tmp_path
     """As for the student (fig7): the classifier anchors EWC inside the switch's last batch."""
     args = [*fig12(mnist_dir), '--model.init_args.ewc={"xi": 1.0, "samples": 20}']
     reference = fit(tmp_path_factory.mktemp("fig12_ewc_full"), *args)
-    run = resume_from_the_switch(tmp_path_factory.mktemp("fig12_ewc_killed"), args, 10)
+    run = resume_from_kept(tmp_path_factory.mktemp("fig12_ewc_killed"), args, 10)
     assert_same_run(reference, run)
     assert [s for s, _ in scalars(run)["ewc/fisher/mean"]] == [10]  # anchored once, at the switch
 
