@@ -1,6 +1,8 @@
 """Callbacks for GDLNs and ReLU nets ([H]): loss curves beside the theory, pathway singular values,
 XoR learning times (Fig. 2d-e), stereotypical runs (Fig. 6b). They read ``epoch_loss`` (name ->
-(epochs, E)) from ``zoo.gdln`` step outputs; theory and figures are the zoo's."""
+(E, epochs), every member on every rank) from ``zoo.gdln`` step outputs; theory and figures are
+the zoo's. Across processes (``zoo.distributed``) a hook that reads the module's weights gathers
+its members on every rank first (``all_members``); rank 0 alone logs and writes."""
 from __future__ import annotations
 
 import math
@@ -9,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, check_count, log_figure, log_scalars, overlay_charts, resuming
+from callbacks.base import HistoryCallback, all_members, check_count, log_figure, log_scalars, overlay_charts, resuming
 from zoo.analysis.gdln import run_summary, xor_setting, xor_times, xor_trajectories
 from zoo.plots import gdln as plots
 from zoo.theory import gdln as theory
@@ -61,7 +63,7 @@ class EpochLosses(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for name, l in outputs["epoch_loss"].items() if self.record is self else ():
-            self.curves[name].append(l.detach().double().cpu())
+            self.curves[name].append(l.detach().T.double().cpu())  # (epochs, E)
 
     def recorded(self) -> list[str]:
         """The models with at least one recorded epoch."""
@@ -94,21 +96,26 @@ class LossCurves(EpochLosses):
         # the grid holds every logged epoch, so the logged prediction does not depend on the run's length
         every = max(d for d in range(1, self.every_n_epochs + 1)
                     if self.every_n_epochs % d == 0 and d <= max(1, epochs // 2000))
-        for name, m in pl_module.networks().items() if self.predict else ():
-            pred = m.predicted_loss(dm.X, dm.Y, epochs, record_every=every)
-            if pred is not None:
-                self.predictions[name] = pred
-                closed = m.closed_form_loss(dm, pred[0]) if self.closed_form else None
-                if closed is not None:
-                    self.predictions[f"{name}_closed_form"] = closed
+        # the predictions start from every member's initial weights; only rank 0 logs them
+        with all_members(pl_module):
+            for name, m in pl_module.networks().items() if self.predict and trainer.is_global_zero else ():
+                pred = m.predicted_loss(dm.X, dm.Y, epochs, record_every=every)
+                if pred is not None:
+                    self.predictions[name] = pred
+                    closed = m.closed_form_loss(dm, pred[0]) if self.closed_form else None
+                    if closed is not None:
+                        self.predictions[f"{name}_closed_form"] = closed
         overlay_charts(trainer, "loss curves", {"simulated and predicted": r"loss_curve/.*"})
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not trainer.is_global_zero:  # the loggers write on rank 0 only
+            return
         first = outputs["first_epoch"]
         for name, l in outputs["epoch_loss"].items():
-            for k in (k for k in range(l.shape[0]) if (first + k) % self.every_n_epochs == 0):
-                metrics = {f"loss_curve/{name}": float(l[k].mean())}
+            l = l.detach().cpu()  # (E, epochs): one copy to the host, then the logged means
+            for k in (k for k in range(l.shape[1]) if (first + k) % self.every_n_epochs == 0):
+                metrics = {f"loss_curve/{name}": float(l[:, k].mean())}
                 for key, tag in ((name, f"{name}_predicted"), (f"{name}_closed_form", f"{name}_closed_form")):
                     if key in self.predictions:
                         t, p = self.predictions[key]
@@ -215,8 +222,11 @@ class XorLearningTimes(pl.Callback):
         return deltas, xor_times(curves, deltas, self.criterion, **kw)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
+        with all_members(pl_module):  # the closed forms read every member's initial weights
+            if trainer.is_global_zero:
+                self._publish(trainer, pl_module)
+
+    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         deltas, times = self.times(trainer, pl_module)
         log_scalars(trainer, {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
                               for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)})
@@ -237,8 +247,11 @@ class StereotypicalLoss(EpochLosses):
         self.fractions, self.log_y, self.summary = _fractions("StereotypicalLoss", fractions), log_y, {}
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or not self.recorded():
-            return
+        with all_members(pl_module):  # a two-layer ReLU net's first_layer_on reads every member's weights
+            if trainer.is_global_zero and self.recorded():
+                self._publish(trainer, pl_module)
+
+    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         nets, metrics = pl_module.networks(), {}
         for name in self.recorded():
             s = self.summary[name] = run_summary(self.curve(name)[1], tuple(self.fractions))
