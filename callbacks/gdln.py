@@ -30,6 +30,11 @@ def _total_epochs(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
     return int((trainer.max_epochs or 1) * trainer.num_training_batches * pl_module.epochs_per_step)
 
 
+def _on_host(parts: list[Tensor]) -> Tensor:
+    """The recorded chunks as one host tensor (a resumed run's first chunk is on the host already)."""
+    return torch.cat([p.cpu() for p in parts])
+
+
 class EpochLosses(pl.Callback):
     """Records the loss of every epoch of a ``zoo.gdln`` module (every model of a ``Comparison``):
     ``curves[name]``, chunks of (epochs, E). When several train together, the later ones read the
@@ -45,7 +50,7 @@ class EpochLosses(pl.Callback):
 
     # the losses so far are the curves' first part after a resume: they live in the checkpoint
     def state_dict(self) -> dict:
-        return {"curves": {name: torch.cat(parts) for name, parts in self.curves.items() if parts}}
+        return {"curves": {name: _on_host(parts) for name, parts in self.curves.items() if parts}}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.curves = {name: [L] for name, L in state_dict["curves"].items()}
@@ -63,7 +68,7 @@ class EpochLosses(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for name, l in outputs["epoch_loss"].items() if self.record is self else ():
-            self.curves[name].append(l.detach().T.double().cpu())  # (epochs, E)
+            self.curves[name].append(l.detach().T.double())  # (epochs, E), left on the module's device: no sync
 
     def recorded(self) -> list[str]:
         """The models with at least one recorded epoch."""
@@ -71,7 +76,7 @@ class EpochLosses(pl.Callback):
 
     def curve(self, name: str) -> tuple[Tensor, Tensor]:
         """Epochs (T,) and every epoch's loss (T, E) of model ``name`` so far."""
-        L = torch.cat(self.record.curves[name])
+        L = _on_host(self.record.curves[name])
         return torch.arange(L.shape[0], dtype=torch.float64), L
 
 
@@ -113,8 +118,9 @@ class LossCurves(EpochLosses):
             return
         first = outputs["first_epoch"]
         for name, l in outputs["epoch_loss"].items():
-            l = l.detach().cpu()  # (E, epochs): one copy to the host, then the logged means
-            for k in (k for k in range(l.shape[1]) if (first + k) % self.every_n_epochs == 0):
+            logged = [k for k in range(l.shape[1]) if (first + k) % self.every_n_epochs == 0]
+            l = l.detach().cpu() if logged else l  # (E, epochs): one copy to the host, then the logged means
+            for k in logged:
                 metrics = {f"loss_curve/{name}": float(l[:, k].mean())}
                 for key, tag in ((name, f"{name}_predicted"), (f"{name}_closed_form", f"{name}_closed_form")):
                     if key in self.predictions:
