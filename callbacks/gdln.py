@@ -101,9 +101,9 @@ class LossCurves(EpochLosses):
         # the grid holds every logged epoch, so the logged prediction does not depend on the run's length
         every = max(d for d in range(1, self.every_n_epochs + 1)
                     if self.every_n_epochs % d == 0 and d <= max(1, epochs // 2000))
-        # the predictions start from every member's initial weights; only rank 0 logs them
+        # from every member's initial weights; on every rank, so that one that cannot predict fails on all
         with all_members(pl_module):
-            for name, m in pl_module.networks().items() if self.predict and trainer.is_global_zero else ():
+            for name, m in pl_module.networks().items() if self.predict else ():
                 pred = m.predicted_loss(dm.X, dm.Y, epochs, record_every=every)
                 if pred is not None:
                     self.predictions[name] = pred
