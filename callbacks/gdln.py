@@ -1,6 +1,8 @@
 """Callbacks for GDLNs and ReLU nets ([H]): loss curves beside the theory, pathway singular values,
 XoR learning times (Fig. 2d-e), stereotypical runs (Fig. 6b). They read ``epoch_loss`` (name ->
-(epochs, E)) from ``zoo.gdln`` step outputs; theory and figures are the zoo's."""
+(E, epochs), every member on every rank) from ``zoo.gdln`` step outputs; theory and figures are
+the zoo's. Across processes (``zoo.distributed``) a hook that reads the module's weights gathers
+its members on every rank first (``all_members``); rank 0 alone logs and writes."""
 from __future__ import annotations
 
 import math
@@ -9,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, check_count, log_figure, log_scalars, overlay_charts, resuming
+from callbacks.base import HistoryCallback, all_members, check_count, log_figure, log_scalars, overlay_charts, resuming
 from zoo.analysis.gdln import run_summary, xor_setting, xor_times, xor_trajectories
 from zoo.plots import gdln as plots
 from zoo.theory import gdln as theory
@@ -28,6 +30,11 @@ def _total_epochs(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
     return int((trainer.max_epochs or 1) * trainer.num_training_batches * pl_module.epochs_per_step)
 
 
+def _on_host(parts: list[Tensor]) -> Tensor:
+    """The recorded chunks as one host tensor (a resumed run's first chunk is on the host already)."""
+    return torch.cat([p.cpu() for p in parts])
+
+
 class EpochLosses(pl.Callback):
     """Records the loss of every epoch of a ``zoo.gdln`` module (every model of a ``Comparison``):
     ``curves[name]``, chunks of (epochs, E). When several train together, the later ones read the
@@ -43,7 +50,7 @@ class EpochLosses(pl.Callback):
 
     # the losses so far are the curves' first part after a resume: they live in the checkpoint
     def state_dict(self) -> dict:
-        return {"curves": {name: torch.cat(parts) for name, parts in self.curves.items() if parts}}
+        return {"curves": {name: _on_host(parts) for name, parts in self.curves.items() if parts}}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.curves = {name: [L] for name, L in state_dict["curves"].items()}
@@ -61,7 +68,7 @@ class EpochLosses(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for name, l in outputs["epoch_loss"].items() if self.record is self else ():
-            self.curves[name].append(l.detach().double().cpu())
+            self.curves[name].append(l.detach().T.double())  # (epochs, E), left on the module's device: no sync
 
     def recorded(self) -> list[str]:
         """The models with at least one recorded epoch."""
@@ -69,7 +76,7 @@ class EpochLosses(pl.Callback):
 
     def curve(self, name: str) -> tuple[Tensor, Tensor]:
         """Epochs (T,) and every epoch's loss (T, E) of model ``name`` so far."""
-        L = torch.cat(self.record.curves[name])
+        L = _on_host(self.record.curves[name])
         return torch.arange(L.shape[0], dtype=torch.float64), L
 
 
@@ -94,21 +101,27 @@ class LossCurves(EpochLosses):
         # the grid holds every logged epoch, so the logged prediction does not depend on the run's length
         every = max(d for d in range(1, self.every_n_epochs + 1)
                     if self.every_n_epochs % d == 0 and d <= max(1, epochs // 2000))
-        for name, m in pl_module.networks().items() if self.predict else ():
-            pred = m.predicted_loss(dm.X, dm.Y, epochs, record_every=every)
-            if pred is not None:
-                self.predictions[name] = pred
-                closed = m.closed_form_loss(dm, pred[0]) if self.closed_form else None
-                if closed is not None:
-                    self.predictions[f"{name}_closed_form"] = closed
+        # from every member's initial weights; on every rank, so that one that cannot predict fails on all
+        with all_members(pl_module):
+            for name, m in pl_module.networks().items() if self.predict else ():
+                pred = m.predicted_loss(dm.X, dm.Y, epochs, record_every=every)
+                if pred is not None:
+                    self.predictions[name] = pred
+                    closed = m.closed_form_loss(dm, pred[0]) if self.closed_form else None
+                    if closed is not None:
+                        self.predictions[f"{name}_closed_form"] = closed
         overlay_charts(trainer, "loss curves", {"simulated and predicted": r"loss_curve/.*"})
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not trainer.is_global_zero:  # the loggers write on rank 0 only
+            return
         first = outputs["first_epoch"]
         for name, l in outputs["epoch_loss"].items():
-            for k in (k for k in range(l.shape[0]) if (first + k) % self.every_n_epochs == 0):
-                metrics = {f"loss_curve/{name}": float(l[k].mean())}
+            logged = [k for k in range(l.shape[1]) if (first + k) % self.every_n_epochs == 0]
+            l = l.detach().cpu() if logged else l  # (E, epochs): one copy to the host, then the logged means
+            for k in logged:
+                metrics = {f"loss_curve/{name}": float(l[:, k].mean())}
                 for key, tag in ((name, f"{name}_predicted"), (f"{name}_closed_form", f"{name}_closed_form")):
                     if key in self.predictions:
                         t, p = self.predictions[key]
@@ -215,8 +228,11 @@ class XorLearningTimes(pl.Callback):
         return deltas, xor_times(curves, deltas, self.criterion, **kw)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
+        with all_members(pl_module):  # the closed forms read every member's initial weights
+            if trainer.is_global_zero:
+                self._publish(trainer, pl_module)
+
+    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         deltas, times = self.times(trainer, pl_module)
         log_scalars(trainer, {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
                               for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)})
@@ -237,8 +253,11 @@ class StereotypicalLoss(EpochLosses):
         self.fractions, self.log_y, self.summary = _fractions("StereotypicalLoss", fractions), log_y, {}
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or not self.recorded():
-            return
+        with all_members(pl_module):  # a two-layer ReLU net's first_layer_on reads every member's weights
+            if trainer.is_global_zero and self.recorded():
+                self._publish(trainer, pl_module)
+
+    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         nets, metrics = pl_module.networks(), {}
         for name in self.recorded():
             s = self.summary[name] = run_summary(self.curve(name)[1], tuple(self.fractions))

@@ -45,8 +45,16 @@ class GatedTask(pl.LightningDataModule):
         if name not in self.GATINGS:
             raise ValueError(f"{type(self).__name__}: gating = {name!r}; allowed: {', '.join(self.GATINGS)}")
 
+    def full_batch(self) -> tuple[Tensor, Tensor]:
+        """(X, Y) on the device of the Trainer's model: every batch is the whole task, so it is
+        copied there once per loader rather than by Lightning at every step (and every process of a
+        member-parallel run reads the same one)."""
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        return self.X.to(device), self.Y.to(device)
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(self.X, self.Y, self.batches_per_epoch), batch_size=None, shuffle=False)
+        return DataLoader(RepeatedBatch(*self.full_batch(), self.batches_per_epoch), batch_size=None, shuffle=False)
 
     # The evaluation set is the task itself: these tasks are the whole data set ([H] studies how
     # the training loss falls), and there is no held-out point to generalise to.
@@ -54,10 +62,10 @@ class GatedTask(pl.LightningDataModule):
         # in a fit the validation MSE would repeat the training loss after every chunk of epochs
         if self.trainer is not None and self.trainer.state.fn == "fit":
             return []
-        return DataLoader(RepeatedBatch(self.X, self.Y, 1), batch_size=None, shuffle=False)
+        return DataLoader(RepeatedBatch(*self.full_batch(), 1), batch_size=None, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(self.X, self.Y, 1), batch_size=None, shuffle=False)
+        return DataLoader(RepeatedBatch(*self.full_batch(), 1), batch_size=None, shuffle=False)
 
 
 class XorMargin(GatedTask):

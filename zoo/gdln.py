@@ -18,11 +18,18 @@ the module's optimizer (``configure_optimizers``: SGD at ``lr``), so ``global_st
 updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by hand
 (no autograd graph, no per-epoch host sync) unless a subclass overrides ``member_loss`` (or, for
 a ``ReLUNet``, ``gates``), which then trains by autograd on its own loss. The loss of every epoch
-is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (epochs_per_step, E)).
+is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (E, epochs_per_step),
+every member, the member axis first as in every zoo output).
+
+Across processes (``--trainer.strategy=ddp``, ``zoo.distributed``) the members are shared out:
+every rank trains its slice of each network on the same full batch (a member's own data, e.g. its
+XoR margin, is sliced with it) and the step's losses are gathered, so every rank logs, checks and
+returns all E members, bit for bit those of one process.
 """
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Literal
@@ -33,6 +40,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 from torchmetrics import MeanSquaredError
 
+from zoo.distributed import MemberParallel, gather_members
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
@@ -96,10 +104,30 @@ def cpu_threads(n: int | None):
             torch.set_num_threads(before)
 
 
-class FullBatchNet(Progress, pl.LightningModule):
+def members_of(module: MemberParallel, t: Tensor) -> Tensor:
+    """``t`` (E, ...) with one entry per member (a member's own data set or gates, 3-D) cut to the
+    members this rank trains, while ``module`` is sharded; else ``t``."""
+    r = module.member_range
+    if r is not None and t.dim() == 3 and t.shape[0] == r[2]:
+        return t[r[0]:r[1]]
+    return t
+
+
+def all_member_values(module: MemberParallel, t: Tensor, dim: int) -> Tensor:
+    """``t`` (this rank's members along ``dim``: losses, outputs) for every member, on every rank (a
+    collective while sharded), contiguous: a reduction over a strided view may round otherwise
+    than over the one-process tensor."""
+    if module.member_range is None:
+        return t
+    return gather_members(t, module.member_range[2], dim=dim).contiguous()
+
+
+class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     """Shared machinery: shapes from the datamodule, the GD loop, losses and logging.
 
     Override points: ``member_loss`` (a subclass's loss trains by autograd), ``ReLUNet.gates``.
+    Member-parallel (``zoo.distributed.MemberParallel``): the weights ``W.<i>`` and their initial
+    values ``W<i>_init`` carry the member axis first; ``member_params`` stays whole.
     ``member_params``: one dict per member (its init parameters, ``seed`` and ``draw`` = its index
     among the seed's draws, and the datamodule's per-member data, e.g. XoR's ``Delta``)."""
 
@@ -133,6 +161,13 @@ class FullBatchNet(Progress, pl.LightningModule):
     def labels(self) -> list[str]:
         """Each member's name in TensorBoard tags, from ``member_params`` (``zoo.labels``)."""
         return member_labels(self.member_params)
+
+    def n_members(self) -> int:
+        return self.ensemble
+
+    def member_tensor_names(self) -> list[str]:
+        # by name, not by the size of the first axis: the residual target (N, n_out) has N rows
+        return [k for k in self.state_dict(keep_vars=True) if re.fullmatch(r"W\.\d+|W\d+_init", k)]
 
     # -- structure ----------------------------------------------------------------------------
     @property
@@ -204,12 +239,12 @@ class FullBatchNet(Progress, pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, n_in) or (E, N, n_in); returns (E, N, n_out)."""
-        return self._forward(x.to(self.W[0].dtype), list(self.W))[0]
+        return self._forward(members_of(self, x).to(self.W[0].dtype), list(self.W))[0]
 
     def hidden_activity(self, x: Tensor) -> list[Tensor]:
         """Every hidden layer's activity on the data points, one (E, N, H) tensor per layer."""
         with torch.no_grad():
-            return self._forward(x.to(self.W[0].dtype), list(self.W))[1][1:]
+            return self._forward(members_of(self, x).to(self.W[0].dtype), list(self.W))[1][1:]
 
     def _forward(self, x: Tensor, Ws: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         mask = self._input_mask()
@@ -289,7 +324,7 @@ class FullBatchNet(Progress, pl.LightningModule):
         """A function that puts the loss gradient of every weight in ``W.grad`` and returns the
         loss (E,) at the current weights, on the full batch (x, y). Call it under ``no_grad``."""
         dtype = self.W[0].dtype
-        x, y = x.to(dtype), y.to(dtype)
+        x, y = members_of(self, x).to(dtype), y.to(dtype)
         params = list(self.W)
         if not self.hand_written():
             def autograd() -> Tensor:
@@ -308,7 +343,7 @@ class FullBatchNet(Progress, pl.LightningModule):
             grads, loss = self._grads(x, y, Ws)
             for W, g in zip(params, grads):
                 W.grad = g.reshape(W.shape)
-            return loss.reshape(self.ensemble)
+            return loss.reshape(-1)  # (E,), this rank's members
         return hand_written
 
     def sgd_step(self) -> Callable[[], None]:
@@ -331,8 +366,9 @@ class FullBatchNet(Progress, pl.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
         first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
-        losses = self.run_epochs(x, y, n, step=self.optimizers().step)
+        losses = all_member_values(self, self.run_epochs(x, y, n, step=self.optimizers().step), dim=1)  # (n, E)
         self.count_samples(n * y.shape[-2])
+        # every rank holds every member's losses: one decision, the same on all of them
         check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
                      "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
@@ -341,7 +377,7 @@ class FullBatchNet(Progress, pl.LightningModule):
         self.log("loss", losses[0].mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
-        return {"loss": losses[0].sum(), "epoch_loss": {type(self).__name__: losses.detach()}, "first_epoch": first_epoch}
+        return {"loss": losses[0].sum(), "epoch_loss": {type(self).__name__: losses.detach().T}, "first_epoch": first_epoch}
 
     def evaluate(self, batch: tuple[Tensor, Tensor], metric: MeanSquaredError) -> MeanSquaredError:
         """Update ``metric`` with the mean squared error of every member's output on ``batch``."""
@@ -455,7 +491,7 @@ class GDLN(FullBatchNet):
         return [(H, n_in), (n_out, H)]
 
     def _gates(self, pre: Tensor, layer: int) -> Tensor:
-        return self.unit_gates.to(pre)
+        return members_of(self, self.unit_gates).to(pre)
 
     def _input_mask(self) -> Tensor | None:
         return self.unit_inputs.to(self.W[0].dtype) if self.gating is not None else None
@@ -697,7 +733,7 @@ def _model_spec(model: FullBatchNet) -> dict:
             "init_args": {k: v for k, v in model.hparams.items() if not k.startswith("_")}}
 
 
-class Comparison(Progress, pl.LightningModule):
+class Comparison(MemberParallel, Progress, pl.LightningModule):
     """Several full-batch networks trained side by side on one datamodule, e.g. a ReLU net, its
     ReLN and a GDLN that does not match ([H] Figs. 2, 4, 5).
 
@@ -708,6 +744,9 @@ class Comparison(Progress, pl.LightningModule):
 
     The hyperparameters hold every model as ``{"class_path", "init_args"}`` (in ``hparams.yaml``
     and the checkpoint), so ``Comparison.load_from_checkpoint(path)`` rebuilds all of them.
+
+    Member-parallel across processes (``zoo.distributed``) when every model has the same ensemble
+    E: member e of every model trains on the same rank, so the models stay in lockstep there.
 
     Args:
         models: the networks (``GDLN``, ``ReLUNet``, ...), built from the datamodule at setup; or
@@ -743,6 +782,40 @@ class Comparison(Progress, pl.LightningModule):
         """Full-batch GD updates so far, = ``global_step``."""
         return self.global_step
 
+    # -- member-parallel: the models' members e share a rank -------------------------------------
+    def n_members(self) -> int:
+        Es = [m.ensemble for m in self.models]
+        if len(set(Es)) > 1:
+            raise ValueError(f"Comparison: the models' ensembles are {dict(zip(self.names, Es))}; training across "
+                             "processes (strategy 'ddp') shares members out and needs one ensemble size for every "
+                             "model; allowed: equal ensembles, or one process (devices = 1, strategy 'auto')")
+        return Es[0]
+
+    def member_tensor_names(self) -> list[str]:
+        return [f"models.{i}.{k}" for i, m in enumerate(self.models) for k in m.member_tensor_names()]
+
+    def _share_range(self) -> None:
+        # each model slices its own per-member data (XoR margins, per-member gates) by it
+        for m in self.models:
+            m.member_range = self.member_range
+
+    def keep_members(self, lo: int, hi: int) -> None:
+        super().keep_members(lo, hi)
+        self._share_range()
+
+    @contextmanager
+    def members_gathered(self):
+        try:
+            with super().members_gathered():
+                self._share_range()
+                yield
+        finally:
+            self._share_range()
+
+    def all_members_back(self) -> None:
+        super().all_members_back()
+        self._share_range()
+
     def networks(self) -> dict[str, FullBatchNet]:
         return dict(zip(self.names, self.models))
 
@@ -773,15 +846,20 @@ class Comparison(Progress, pl.LightningModule):
         # in lockstep: one optimizer step updates every model (each in its own parameter group)
         all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, self.optimizers().step,
                              self.models[0].threads(x))
+        if self.member_range is not None:  # every model's members, gathered in one collective
+            all_losses = list(all_member_values(self, torch.stack(all_losses), dim=2))
         self.count_samples(n * y.shape[-2])
+        # one host sync for all models, the same decision on every rank
+        check_finite(torch.cat([losses[-1] for losses in all_losses]), step=first_epoch + n - 1,
+                     labels=[f"{name}/{lbl}" for name, m in zip(self.names, self.models) for lbl in m.labels],
+                     hint="lr = " + ", ".join(f"{m.lr} ({name})" for name, m in zip(self.names, self.models))
+                     + " is probably too large for this task; try lr / 10.")
         out = {}
-        for name, m, losses in zip(self.names, self.models, all_losses):
-            check_finite(losses[-1], step=first_epoch + n - 1, labels=[f"{name}/{lbl}" for lbl in m.labels],
-                         hint=f"lr = {m.lr} is probably too large for this task; try lr / 10.")
-            out[name] = losses.detach()
+        for name, losses in zip(self.names, all_losses):
+            out[name] = losses.detach().T
             self.log(f"loss/{name}", losses[0].mean())
         self.log("step", float(first_epoch))  # as for a FullBatchNet
-        return {"loss": sum(l[0].sum() for l in out.values()), "epoch_loss": out, "first_epoch": first_epoch}
+        return {"loss": sum(l[:, 0].sum() for l in out.values()), "epoch_loss": out, "first_epoch": first_epoch}
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         for name, m in zip(self.names, self.models):

@@ -21,7 +21,7 @@ from typing import Literal
 from jsonargparse import lazy_instance
 from torch import Tensor
 
-from zoo.gdln import GDLN
+from zoo.gdln import GDLN, members_of
 from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gaussian, InitScheme
 
@@ -82,7 +82,7 @@ class DepthGDLN(GDLN):
     def _gates(self, pre: Tensor, layer: int) -> Tensor:
         if layer == 0:  # the shared layer is linear: on for every data point
             return pre.new_ones(()).expand_as(pre)
-        return self.unit_gates.to(pre)
+        return members_of(self, self.unit_gates).to(pre)
 
     def _input_mask(self) -> Tensor | None:
         return None
