@@ -452,9 +452,8 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         self.log("step", float(first_step))
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
-        # the losses of the weights at step `loss_step`, before this call's updates; "member_loss" holds this
-        # rank's members (callbacks gather it, zoo.distributed.gather_outputs)
-        return {"loss": first.sum(), "member_loss": step_losses[0], "loss_step": first_step}
+        # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
+        return {"loss": first.sum(), "member_loss": first, "loss_step": first_step}
 
     def _check_finite(self, losses: Tensor, first_step: int) -> None:
         """Stop on the first of this call's steps (rows of ``losses``, (steps, E)) where a member's

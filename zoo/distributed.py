@@ -87,6 +87,8 @@ class MemberParallel:
     """
 
     member_range: tuple[int, int, int] | None = None
+    # training_step output keys whose tensors hold this rank's members (first axis): callbacks get them gathered
+    member_outputs: tuple[str, ...] = ()
 
     def n_members(self) -> int:
         """E, the number of members (all of them, also while sharded)."""
@@ -161,16 +163,17 @@ def all_members(module: Any) -> Iterator[Any]:
 
 
 def gather_outputs(module: Any, outputs: Any) -> Any:
-    """A ``training_step``'s outputs with every per-member tensor (first axis = this rank's
-    members) gathered over the ranks; other values unchanged."""
-    if not is_sharded(module) or outputs is None:
+    """A ``training_step``'s outputs with the entries the module names in ``member_outputs`` (dict
+    keys whose tensors hold this rank's members along the first axis) gathered over the ranks.
+
+    Declared, not guessed from shapes: with an uneven split a tensor's length can equal one rank's
+    member count and not another's, and a rank that gathers alone waits for ever. The zoo's own
+    modules return every member already (they gather once per step for the divergence check)."""
+    keys = getattr(module, "member_outputs", ())
+    if not is_sharded(module) or not isinstance(outputs, dict) or not keys:
         return outputs
-    lo, hi, E = module.member_range
-    if isinstance(outputs, Tensor):
-        return gather_members(outputs, E) if outputs.dim() > 0 and outputs.shape[0] == hi - lo else outputs
-    if isinstance(outputs, dict):
-        return {k: gather_outputs(module, v) for k, v in outputs.items()}
-    return outputs
+    E = module.member_range[2]
+    return {k: gather_members(v, E) if k in keys else v for k, v in outputs.items()}
 
 
 _STRATEGY: type | None = None
