@@ -4,17 +4,14 @@ processes (2 members and 1), equals the one-process run bit for bit: weights, ev
 figure; and the files are written once. The slicing itself is checked in-process first."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from datamodules.xor import XorMargin
-from resume_harness import REPO, assert_same_run, fit
+from helpers_ddp import assert_one_set, fit_one, run_forked, written_files
+from resume_harness import assert_same_run
 from zoo.gdln import GDLN, Comparison, ReLUNet
 from zoo.init import Gaussian
 
@@ -87,50 +84,20 @@ def test_a_comparison_of_unequal_ensembles_is_refused_across_processes():
         c.n_members()
 
 
-def _run_cli(folder: Path, *args: str, devices: int = 2) -> Path:
-    """``python -m zoo fit *args`` with ``devices`` CPU processes under Lightning's DDP launcher,
-    one torch thread each; asserts exit 0 and returns the run folder."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cmd = [sys.executable, "-m", "zoo", "fit", *args, "--trainer.accelerator=cpu", "--trainer.strategy=ddp",
-           f"--trainer.devices={devices}", "--trainer.enable_progress_bar=false"]
-    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    return folder / "lightning_logs" / "version_0"
-
-
-def _files(run: Path) -> list[str]:
-    # TensorBoard's event file by its kind: its name holds the time and the process id
-    return sorted("events" if p.name.startswith("events.out.tfevents") else str(p.relative_to(run))
-                  for p in run.rglob("*") if p.is_file())
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("ddp_gdln")
     config = root / "xor.yaml"
     config.write_text(CONFIG)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each process of the DDP run: a reduction over other threads may round otherwise
-    try:
-        one = fit(root / "one", "--config", str(config), "--trainer.devices=1")
-    finally:
-        torch.set_num_threads(before)
-    return one, _run_cli(root / "two", "--config", str(config))
+    one = fit_one(root / "one", "--config", str(config))
+    return one, run_forked(root / "two", "--config", str(config), nodes=2)
 
 
 @pytest.mark.slow
 def test_two_processes_write_one_set_of_files(runs):
     one, two = runs
-    files = _files(two)
-    assert files == _files(one) and files.count("events") == 1, files
-    assert {"loss_curves.png", "xor_times.png", "xor_trajectories.png", "stereotypical_loss.png"} <= set(files)
-    assert not list(two.parent.glob("version_1"))
+    assert_one_set(two.parent.parent, one.parent.parent)
+    assert {"loss_curves.png", "xor_times.png", "xor_trajectories.png", "stereotypical_loss.png"} <= set(written_files(two))
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 import torch
-from helpers_ddp import assert_one_set, assert_same_results, fit_one, run_ddp, run_nodes
+from helpers_ddp import assert_one_set, assert_same_results, fit_one, run_ddp, run_forked
 from resume_harness import REPO, assert_same_run, checkpoint_step
 
 from zoo.distributed import member_bounds
@@ -113,6 +113,6 @@ def test_two_simulated_nodes_equal_one_process(tmp_path):
     (tmp_path / "small.yaml").write_text(SMALL)
     config = ["--config", str(tmp_path / "small.yaml")]
     one = fit_one(tmp_path / "one", *config)
-    nodes = run_nodes(tmp_path / "nodes", *config, nodes=2)
+    nodes = run_forked(tmp_path / "nodes", *config, nodes=2)
     assert_one_set(tmp_path / "nodes", tmp_path / "one")
     assert_same_results(one, nodes)
