@@ -1,0 +1,121 @@
+"""The autoencoders across processes (issue 19): a ``BetaVAESweep`` and a ``SparseAutoencoder``
+ensemble trained member-parallel by 2 CPU processes (gloo, ``--trainer.strategy=ddp``) equal the
+single-process run bit for bit: the final checkpoint (every member's weights and Adam state, the
+noise generator's state), the logged scalars and the figures. Each rank trains its own members on
+the whole stream (zoo.distributed); the sweep's members draw their noise in turn from one
+generator, so a rank also draws (and drops) the noise of the members it does not train.
+
+Both runs use one thread per process: a float reduction split over another number of threads may
+round otherwise (conv-free MLPs here, whose CPU kernels are deterministic at a fixed thread count).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from resume_harness import REPO, figures, scalars
+
+from tests.helpers_mnist import tiny_mnist
+
+RECIPES = REPO / "recipes" / "specialisation"
+pytestmark = pytest.mark.slow
+
+
+def _run_cli(folder: Path, args: list[str], devices: int) -> subprocess.Popen:
+    """``python -m zoo fit`` on ``devices`` CPU processes (DDP for 2) in ``folder``, one thread each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    ddp = ["--trainer.strategy=ddp"] if devices > 1 else []
+    return subprocess.Popen([sys.executable, "-m", "zoo", "fit", *args, "--trainer.accelerator=cpu",
+                             f"--trainer.devices={devices}", *ddp, "--trainer.enable_progress_bar=false"],
+                            cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _both(tmp: Path, args: list[str]) -> tuple[Path, Path]:
+    """The run on 1 and on 2 processes (started together); their run folders."""
+    procs = {n: _run_cli(tmp / f"p{n}", args, n) for n in (1, 2)}
+    for n, p in procs.items():
+        err = p.communicate(timeout=300)[1].decode()
+        assert p.returncode == 0, f"{n} process(es): exit {p.returncode}\n{err[-4000:]}"
+    return tmp / "p1/lightning_logs/version_0", tmp / "p2/lightning_logs/version_0"
+
+
+def _checkpoint(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+
+
+def _assert_equal_runs(one: Path, two: Path) -> dict:
+    a, b = _checkpoint(one), _checkpoint(two)
+    assert a["global_step"] == b["global_step"] > 0
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), f"weight {k} differs on 2 processes"
+    # every parameter's optimizer state, from the rank that trained it
+    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert sa.keys() == sb.keys() and len(sa) > 0
+    for i in sa:
+        for key in sa[i]:
+            assert torch.equal(torch.as_tensor(sa[i][key]), torch.as_tensor(sb[i][key])), f"optimizer {i}/{key}"
+    assert scalars(one) == scalars(two)
+    fa, fb = figures(one), figures(two)
+    assert fa == fb
+    for run in (one, two):  # written once, by rank 0: no name_1.png / name_1.csv beside a name.png
+        names = sorted(p.name for p in run.iterdir() if p.suffix in (".png", ".csv"))
+        assert not [n for n in names if Path(n).stem.rsplit("_", 1)[-1] == "1"], names
+    return a
+
+
+@pytest.fixture(scope="module")
+def sweep_runs(tmp_path_factory):
+    """fig4 shrunk: 3 members (uneven over 2 ranks: 2 + 1), 8x8 images, 6 steps, DCI at step 3 and at the end."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    args = ["--config", str(RECIPES / "fig4_gain_dci.yaml"), "--trainer.max_steps=6",
+            "--model.init_args.seeds=[0]", "--model.init_args.encoder_widths=[16,8]",
+            "--model.init_args.decoder_widths=[8,16]", "--model.init_args.init_encoder.init_args.g=[0.3,1.0,3.0]",
+            f"--data.init_args.data_dir={tmp / 'data'}", "--data.init_args.resolution=8",
+            "--data.init_args.subsample=4", "--data.init_args.batch_size=16", "--data.init_args.val_size=32",
+            "--trainer.val_check_interval=3", "--trainer.callbacks.init_args.n_train=60",
+            "--trainer.callbacks.init_args.n_test=30", "--trainer.callbacks.init_args.n_estimators=3",
+            "--trainer.callbacks.init_args.every_n_steps=3"]
+    return _both(tmp, args)
+
+
+def test_beta_vae_sweep_on_two_processes_equals_one(sweep_runs):
+    one, two = sweep_runs
+    ckpt = _assert_equal_runs(one, two)
+    assert ckpt["reparameterisation_noise"].equal(_checkpoint(two)["reparameterisation_noise"])
+    names = sorted(p.name for p in two.iterdir() if p.suffix in (".png", ".csv"))
+    assert "fig4_gain_dci.csv" in names and "fig4_gain_dci.png" in names
+    tags = scalars(two)
+    assert len(tags["dci_final/disentanglement/g=0.3"]) == 1  # the final DCI, logged once
+    assert [s for s, _ in tags["dci/disentanglement/g=3"]] == [3, 6]
+    assert "val/reconstruction/g=1" in tags  # validation per member, gathered
+
+
+@pytest.fixture(scope="module")
+def sae_runs(tmp_path_factory):
+    """fig13_isae shrunk: 3 SAEs with Adam (so the optimizer state is checked too) on 16-d codes of
+    a random tiny VAE of tiny MNIST files, one of them diverging and dropping out."""
+    tmp = tmp_path_factory.mktemp("sae")
+    data = tiny_mnist(tmp / "mnist")
+    args = ["--config", str(RECIPES / "fig13_isae.yaml"), "--trainer.max_steps=6",
+            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.vae.BetaVAE",
+            "--data.init_args.vae.latent_dim=16", "--data.init_args.vae.encoder_widths=[8]",
+            "--data.init_args.vae.decoder_widths=[8]", f"--data.init_args.data_dir={data}",
+            "--data.init_args.batch_size=16", "--model.init_args.n=32", "--model.init_args.grid=false",
+            "--model.init_args.l1=[0.0,0.001,0.001]",
+            "--model.init_args.init.init_args.v=[1.0,16.0,100000.0]",
+            "--model.init_args.on_divergence=drop",
+            "--trainer.callbacks.init_args.window=40", "--trainer.callbacks.init_args.every_n_steps=4"]
+    return _both(tmp, args)
+
+
+def test_sparse_autoencoder_ensemble_on_two_processes_equals_one(sae_runs):
+    one, two = sae_runs
+    ckpt = _assert_equal_runs(one, two)
+    assert ckpt["state_dict"]["W_enc"].shape[0] == 3  # the checkpoint holds every member
+    assert "sparsity_vs_v.png" in [p.name for p in two.iterdir()]
