@@ -98,8 +98,9 @@ def test_beta_vae_sweep_on_two_processes_equals_one(sweep_runs):
 
 @pytest.fixture(scope="module")
 def sae_runs(tmp_path_factory):
-    """fig13_isae shrunk: 3 SAEs with Adam (so the optimizer state is checked too) on 16-d codes of
-    a random tiny VAE of tiny MNIST files, one of them diverging and dropping out."""
+    """fig13_isae shrunk: 3 SAEs (uneven: 2 + 1) with Adam (so its sharded state is checked too) on
+    16-d codes of a random tiny VAE of tiny MNIST files; on_divergence 'drop' (its mask stays whole
+    on every rank, from the gathered losses)."""
     tmp = tmp_path_factory.mktemp("sae")
     data = tiny_mnist(tmp / "mnist")
     args = ["--config", str(RECIPES / "fig13_isae.yaml"), "--trainer.max_steps=6",
@@ -107,8 +108,8 @@ def sae_runs(tmp_path_factory):
             "--data.init_args.vae.latent_dim=16", "--data.init_args.vae.encoder_widths=[8]",
             "--data.init_args.vae.decoder_widths=[8]", f"--data.init_args.data_dir={data}",
             "--data.init_args.batch_size=16", "--model.init_args.n=32", "--model.init_args.grid=false",
-            "--model.init_args.l1=[0.0,0.001,0.001]",
-            "--model.init_args.init.init_args.v=[1.0,16.0,100000.0]",
+            "--model.init_args.l1=[0.0,0.001,0.001]", "--model.init_args.optimizer=adam",
+            "--model.init_args.lr=0.01", "--model.init_args.init.init_args.v=[1.0,16.0,64.0]",
             "--model.init_args.on_divergence=drop",
             "--trainer.callbacks.init_args.window=40", "--trainer.callbacks.init_args.every_n_steps=4"]
     return _both(tmp, args)
