@@ -10,11 +10,13 @@ round otherwise (conv-free MLPs here, whose CPU kernels are deterministic at a f
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from resume_harness import REPO, figures, scalars
@@ -22,7 +24,7 @@ from resume_harness import REPO, figures, scalars
 from tests.helpers_mnist import tiny_mnist
 
 RECIPES = REPO / "recipes" / "specialisation"
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
 def _run_cli(folder: Path, args: list[str], devices: int) -> subprocess.Popen:
@@ -84,6 +86,7 @@ def sweep_runs(tmp_path_factory):
     return _both(tmp, args)
 
 
+@slow
 def test_beta_vae_sweep_on_two_processes_equals_one(sweep_runs):
     one, two = sweep_runs
     ckpt = _assert_equal_runs(one, two)
@@ -115,8 +118,74 @@ def sae_runs(tmp_path_factory):
     return _both(tmp, args)
 
 
+@slow
 def test_sparse_autoencoder_ensemble_on_two_processes_equals_one(sae_runs):
     one, two = sae_runs
     ckpt = _assert_equal_runs(one, two)
     assert ckpt["state_dict"]["W_enc"].shape[0] == 3  # the checkpoint holds every member
     assert "sparsity_vs_v.png" in [p.name for p in two.iterdir()]
+
+
+# -- bf16 autocast (precision="bf16-mixed"; CPUs support it) -------------------------------------------
+class _Losses(pl.Callback):
+    """Every training step's loss, as the module returned it."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.losses.append(float(loss))
+
+
+def _fit_losses(tmp_path, make_model, data, precision: str, steps: int = 3) -> list[float]:
+    torch.manual_seed(0)  # the VAE's noise starts from the global generator's state
+    record = _Losses()
+    pl.Trainer(max_steps=steps, precision=precision, accelerator="cpu", devices=1, logger=False,
+               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+               callbacks=[record], default_root_dir=tmp_path).fit(make_model(), data)
+    return record.losses
+
+
+# Under autocast only the matmuls' inputs and outputs are rounded to bf16 (8 significant bits, 2^-8
+# relative); the losses' reductions (BCE, sums, means) run in fp32, so the rounding errors of the
+# many summed terms average out: a loss within one bf16 rounding of fp32's (measured: 1e-5 to 1e-4
+# over three Adam steps) says every term is there in the right dtype; a wrong cast (the noise or the
+# logits in the wrong dtype, a term dropped) moves it by far more.
+BF16_RTOL = 2.0 ** -8
+
+
+def test_beta_vae_sweep_trains_under_bf16_autocast_close_to_fp32(tmp_path):
+    from tests.helpers_vae import TinySquares
+    from zoo.vae import BetaVAESweep
+
+    def make():
+        return BetaVAESweep(seeds=[0, 1], encoder_widths=[32, 16], decoder_widths=[16, 32], lr=1e-3, latent_dim=4)
+
+    data = TinySquares(batch_size=16)
+    full = _fit_losses(tmp_path / "fp32", make, data, "32-true")
+    half = _fit_losses(tmp_path / "bf16", make, data, "bf16-mixed")
+    assert len(full) == len(half) == 3 and all(map(math.isfinite, half))
+    assert half != full  # autocast did act
+    for a, b in zip(full, half):
+        assert abs(b - a) <= BF16_RTOL * abs(a), (full, half)
+
+
+def test_sparse_autoencoder_trains_under_bf16_autocast_close_to_fp32(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from zoo.init import Imbalance
+    from zoo.sae import SparseAutoencoder
+
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    data = DataLoader(TensorDataset(x), batch_size=16)
+
+    def make():
+        return SparseAutoencoder(d=8, n=32, l1=[0.0, 0.01], init=Imbalance(v=[1.0, 4.0], sigma=0.1), lr=1e-3,
+                                 optimizer="adam")
+
+    full = _fit_losses(tmp_path / "fp32", make, data, "32-true")
+    half = _fit_losses(tmp_path / "bf16", make, data, "bf16-mixed")
+    assert len(half) == 3 and all(map(math.isfinite, half)) and half != full
+    for a, b in zip(full, half):
+        assert abs(b - a) <= BF16_RTOL * abs(a), (full, half)
