@@ -189,3 +189,25 @@ def test_sparse_autoencoder_trains_under_bf16_autocast_close_to_fp32(tmp_path):
     assert len(half) == 3 and all(map(math.isfinite, half)) and half != full
     for a, b in zip(full, half):
         assert abs(b - a) <= BF16_RTOL * abs(a), (full, half)
+
+
+# -- data written once: prepare_data (one process per node; the others wait), setup only reads --------
+def test_mnist_is_extracted_in_prepare_data_and_setup_only_reads(tmp_path, monkeypatch):
+    from datamodules import mnist_files
+    from datamodules.latents import Latents
+    from zoo.vae import BetaVAE
+
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
+    root = tiny_mnist(tmp_path / "data", gz=True)
+    raw = root / "MNIST" / "raw"
+    monkeypatch.setattr(mnist_files, "MNIST_FILES", {f: mnist_files.md5_of(raw / (f + ".gz"))
+                                                     for f in mnist_files.MNIST_FILES})  # the tiny files pass
+    dm = Latents(vae=BetaVAE(latent_dim=2, encoder_widths=[4], decoder_widths=[4]), data_dir=str(root))
+    dm.prepare_data()
+    assert len(list((tmp_path / "cache").glob("MNIST/*/*-ubyte"))) == 4
+    monkeypatch.setattr(mnist_files.gzip, "open", lambda *a, **k: pytest.fail("setup extracted"))
+    monkeypatch.setattr(mnist_files, "atomic_path", lambda *a, **k: pytest.fail("setup wrote"))
+    dm.setup("fit")
+    # pixel (0, 1) of tiny image k is k: every training image, in file order, was read
+    assert dm.images.images[:, 0, 0, 1].mul(255).round().long().tolist() == list(range(60))
+    assert dm.codes.shape == (60, 2)
