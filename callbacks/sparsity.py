@@ -62,6 +62,8 @@ class Sparsity(PeriodicCallback):
         self._measured_at = trainer.global_step  # on every rank: on_train_end's decision must be the same on all
         if not trainer.is_global_zero:  # every rank holds every member here; rank 0 measures and logs
             return
+        if self._x.device != pl_module.device:  # moved once, not at every measurement
+            self._x = self._x.to(pl_module.device)
         out = pl_module.measure(self._x, self.threshold, self.dense_threshold)
         self.last = {k: v.cpu() for k, v in out.items()}
         # a member dropped after diverging (on_divergence='drop') has no measure
