@@ -197,7 +197,7 @@ def _fit_losses(tmp_path, make_model, data, precision: str, steps: int = 3) -> l
 BF16_RTOL = 2.0 ** -8
 
 
-def test_beta_vae_sweep_trains_under_bf16_autocast_close_to_fp32(tmp_path):
+def test_beta_vae_sweep_trains_under_bf16_autocast_close_to_fp32(tmp_path, one_thread):
     from tests.helpers_vae import TinySquares
     from zoo.vae import BetaVAESweep
 
@@ -213,7 +213,7 @@ def test_beta_vae_sweep_trains_under_bf16_autocast_close_to_fp32(tmp_path):
         assert abs(b - a) <= BF16_RTOL * abs(a), (full, half)
 
 
-def test_sparse_autoencoder_trains_under_bf16_autocast_close_to_fp32(tmp_path):
+def test_sparse_autoencoder_trains_under_bf16_autocast_close_to_fp32(tmp_path, one_thread):
     from torch.utils.data import DataLoader, TensorDataset
 
     from zoo.init import Imbalance
