@@ -7,6 +7,10 @@ generator, so a rank also draws (and drops) the noise of the members it does not
 
 Both runs use one thread per process: a float reduction split over another number of threads may
 round otherwise (conv-free MLPs here, whose CPU kernels are deterministic at a fixed thread count).
+
+Also here: one BetaVAE trained data-parallel (its metrics over every rank's images), training under
+bf16 autocast, and MNIST extracted in ``prepare_data`` (once per node) with ``setup`` only reading.
+The multi-process tests are slow (each pair of runs ~13-17 s on an idle 2-core machine).
 """
 from __future__ import annotations
 
