@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.base import PeriodicCallback, log_figure
+from zoo.distributed import all_members
 from zoo.plots.sparsity import sparsity_figure
 from zoo.sae import MEASURES
 
@@ -58,8 +59,13 @@ class Sparsity(PeriodicCallback):
         self._x = trainer.datamodule.samples(self.window)
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
+        self._measured_at = trainer.global_step  # on every rank: on_train_end's decision must be the same on all
+        if not trainer.is_global_zero:  # every rank holds every member here; rank 0 measures and logs
+            return
+        if self._x.device != pl_module.device:  # moved once, not at every measurement
+            self._x = self._x.to(pl_module.device)
         out = pl_module.measure(self._x, self.threshold, self.dense_threshold)
-        self.last, self._measured_at = {k: v.cpu() for k, v in out.items()}, trainer.global_step
+        self.last = {k: v.cpu() for k, v in out.items()}
         # a member dropped after diverging (on_divergence='drop') has no measure
         alive = pl_module.alive.cpu()
         for k in MEASURES:
@@ -76,7 +82,8 @@ class Sparsity(PeriodicCallback):
         if self._x is None:
             return
         if self._measured_at != trainer.global_step:  # the last step was not a multiple of every_n_steps
-            self.on_due(trainer, pl_module, None)
+            with all_members(pl_module):  # a collective when member-parallel: on every rank
+                self.on_due(trainer, pl_module, None)
         params = pl_module.member_params
         if self.figure and trainer.is_global_zero and "v" in params[0]:
             fig = sparsity_figure([p["v"] for p in params], [p["l1"] for p in params],

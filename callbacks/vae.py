@@ -17,6 +17,7 @@ from torchvision.utils import make_grid
 from callbacks.base import PeriodicCallback, check_count, log_figure, log_matrix, log_scalars, warn_once, write_table
 from zoo.analysis.sweeps import group_means
 from zoo.metrics.dci import DCIMetric, DCISetting, setting_with, update_on_grid
+from zoo.distributed import all_members
 from zoo.plots.vae import SWEEP_METRICS, sweep_figure, traversal_figure
 from zoo.vae import vae_members
 
@@ -99,8 +100,10 @@ class DCI(PeriodicCallback):
         return self._final_cache[1]
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero and self.final is not None:
-            self._log(trainer, "dci_final", self.final_scores(trainer, pl_module))
+        # member-parallel: every rank gathers the members (a collective), rank 0 scores them
+        with all_members(pl_module):
+            if trainer.is_global_zero and self.final is not None:
+                self._log(trainer, "dci_final", self.final_scores(trainer, pl_module))
 
 
 class _ImageCallback(PeriodicCallback):
@@ -169,8 +172,11 @@ class LatentTraversals(_ImageCallback):
             yield label, make_grid(images.cpu(), nrow=len(self.values), padding=1, pad_value=1.0)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not (self.png and trainer.is_global_zero):
-            return
+        with all_members(pl_module):  # a collective when member-parallel: every rank, then rank 0 draws
+            if self.png and trainer.is_global_zero:
+                self._figures(trainer, pl_module)
+
+    def _figures(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for label, images, order, kl in self.traversals(trainer, pl_module):
             title = f"latent traversals {label} (step {trainer.global_step})".replace("  ", " ")
             name = f"traversals_{label.replace(',', '_').replace('=', '')}.png" if label else "traversals.png"
@@ -238,8 +244,11 @@ class SweepFigure(pl.Callback):
                             f"got {type(pl_module).__name__}")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
+        with all_members(pl_module):  # a collective when member-parallel: every rank, then rank 0 writes
+            if trainer.is_global_zero:
+                self._write(trainer, pl_module)
+
+    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         scores = self._dci_callback(trainer).final_scores(trainer, pl_module)
         x, _ = _sampler(trainer, "SweepFigure")(self.n_points, torch.Generator().manual_seed(self.seed))
         self.results = []

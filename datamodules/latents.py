@@ -99,6 +99,9 @@ class Latents(pl.LightningDataModule):
             self.vae.adopt_image_shape(MNISTImages.image_shape)
         return self.vae.eval()
 
+    def prepare_data(self) -> None:
+        self.images.prepare_data()  # the images' extraction, once per node; encoding is read-only, per process
+
     def setup(self, stage: str | None = None) -> None:
         self._load()
 

@@ -160,6 +160,16 @@ def _read_splits(folder: Path) -> dict[str, tuple[Tensor, Tensor]]:
     return out
 
 
+def prepare_mnist(data_dir: str | os.PathLike, download: bool = False, who: str = "MNISTContinual") -> None:
+    """Everything :func:`load_mnist` may write, done ahead: the ``.gz`` files verified (fetched
+    with ``download``) and extracted into the cache. For a datamodule's ``prepare_data``, which
+    Lightning runs on one process per node while the others wait, so that their ``setup`` only reads."""
+    raw = Path(data_dir).expanduser() / "MNIST" / "raw"
+    gz = _gz_folder(raw, download, who, f"data_dir = {str(data_dir)!r}")
+    if gz is not None:
+        _extract(gz)
+
+
 def load_mnist(data_dir: str | os.PathLike, download: bool = False,
                who: str = "MNISTContinual") -> dict[str, tuple[Tensor, Tensor]]:
     """MNIST from ``data_dir/MNIST/raw`` (see the module docstring): ``{"train": (images, digits),

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.mnist_files import load_mnist
+from datamodules.mnist_files import load_mnist, prepare_mnist
 
 SPLITS = ("train", "test")
 
@@ -73,6 +73,9 @@ class MNISTImages(pl.LightningDataModule):
         self._images: Tensor | None = None
         self._digits: Tensor | None = None
         self._held_out: Tensor | None = None
+
+    def prepare_data(self) -> None:
+        prepare_mnist(self.data_dir, who=type(self).__name__)  # extraction on one process per node
 
     def setup(self, stage: str | None = None) -> None:
         self._load()

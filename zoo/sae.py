@@ -30,6 +30,7 @@ import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
+from zoo.distributed import MemberParallel, gather_members
 from zoo.divergence import check_finite, drop_diverged
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Imbalance, InitScheme, from_spec
@@ -46,7 +47,7 @@ CHUNK = 1024
 """Data points per forward pass of :meth:`SparseAutoencoder.measure` (bounds memory; results do not depend on it)."""
 
 
-class SparseAutoencoder(StagedEvaluation, Progress, pl.LightningModule):
+class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.LightningModule):
     """A one-hidden-layer ReLU autoencoder with an optional L1 penalty on its hidden activity.
 
     Args:
@@ -118,12 +119,35 @@ class SparseAutoencoder(StagedEvaluation, Progress, pl.LightningModule):
         self.member_params = [{**{k: vals[e] for k, vals in varying.items()}, "l1": float(self.l1[e]), "seed": int(seed)}
                               for e in range(E)]
         self.labels = member_labels(self.member_params)
-        self.eval_metrics = nn.ModuleDict({stage: nn.ModuleList([FiringCounts(E, self.n), Reconstruction(E)])
-                                           for stage in ("val", "test")})
+        self.eval_metrics = self._eval_metrics(E, sync=True)
 
     @property
     def ensemble(self) -> int:
+        """The members this module holds now: E, or this rank's slice while member-parallel."""
         return self.W_enc.shape[0]
+
+    # -- member-parallel (zoo.distributed): this rank trains members[member_slice] --------------------
+    def n_members(self) -> int:
+        return self.member_range[2] if self.member_range is not None else self.ensemble
+
+    def member_tensor_names(self) -> list[str]:
+        # ``alive`` stays whole on every rank: each rank drops members from the gathered losses alike
+        return ["W_enc", "W_dec", "b_enc", "b_dec", "l1"]
+
+    def _eval_metrics(self, members: int, sync: bool) -> nn.ModuleDict:
+        return nn.ModuleDict({stage: nn.ModuleList([FiringCounts(members, self.n, sync_on_compute=sync),
+                                                    Reconstruction(members, sync_on_compute=sync)])
+                              for stage in ("val", "test")}).to(self.W_enc.device)
+
+    def keep_members(self, lo: int, hi: int) -> None:
+        super().keep_members(lo, hi)
+        # every rank evaluates its members on the same batches: a sum over ranks would double count
+        self.eval_metrics = self._eval_metrics(hi - lo, sync=False)
+
+    def all_members_back(self) -> None:
+        if self.member_range is not None:
+            super().all_members_back()
+            self.eval_metrics = self._eval_metrics(self.ensemble, sync=True)
 
     def hidden(self, x: Tensor) -> Tensor:
         """Hidden activity ``relu(W_enc x + b_enc)`` of every member: x (B, d) -> (E, B, n)."""
@@ -190,9 +214,9 @@ class SparseAutoencoder(StagedEvaluation, Progress, pl.LightningModule):
         if counts.update_count:
             out, alive = self._measures(counts, reconstruction), self.alive
             for name in MEASURES:
-                values = out[name].float()
+                values = gather_members(out[name].float(), self.n_members())  # a collective when sharded
                 self.log(f"{stage}/{name}", values[alive].mean())
-                if self.ensemble <= MAX_MEMBER_TAGS:
+                if self.n_members() <= MAX_MEMBER_TAGS:
                     self.log_dict({f"{stage}/{name}/{lbl}": v for lbl, v, a in zip(self.labels, values, alive) if a})
         counts.reset()
         reconstruction.reset()
@@ -203,22 +227,28 @@ class SparseAutoencoder(StagedEvaluation, Progress, pl.LightningModule):
         self.count_samples(x.shape[0])
         parts = self.member_loss(x)
         hint = f"lr = {self.lr} is probably too large; try lr / 10."
+        # every member's numbers on every rank (one gather; identity in one process): all ranks decide alike
+        full = gather_members(torch.stack([parts["loss"].detach(), parts["reconstruction"].detach()], 1),
+                              self.n_members())
         if self.on_divergence == "stop":
-            check_finite(parts["loss"], step=self.global_step, labels=self.labels, hint=hint)
+            check_finite(full[:, 0], step=self.global_step, labels=self.labels, hint=hint)
         else:
-            self.alive = drop_diverged(parts["loss"], self.alive, step=self.global_step, labels=self.labels, hint=hint)
+            self.alive = drop_diverged(full[:, 0], self.alive, step=self.global_step, labels=self.labels, hint=hint)
         alive = self.alive
-        self.log("loss", parts["loss"].detach()[alive].mean(), prog_bar=True)
-        self.log("reconstruction", parts["reconstruction"].detach()[alive].mean())
+        n_alive = alive.sum()
+        # masked sums rather than boolean indexing: no host sync
+        self.log("loss", torch.where(alive, full[:, 0], 0.0).sum() / n_alive, prog_bar=True)
+        self.log("reconstruction", torch.where(alive, full[:, 1], 0.0).sum() / n_alive)
         # each member receives exactly its own gradient; a dropped one none
-        return torch.where(alive, parts["loss"], torch.zeros_like(parts["loss"])).sum()
+        local = alive[self.member_slice]
+        return torch.where(local, parts["loss"], torch.zeros_like(parts["loss"])).sum()
 
     def on_after_backward(self) -> None:
-        if not bool(self.alive.all()):
-            dead = ~self.alive
-            for p in self.parameters():
-                if p.grad is not None:
-                    p.grad[dead] = 0.0  # where() sends 0, but 0 * inf upstream is NaN
+        dead = ~self.alive[self.member_slice]
+        for p in self.parameters():
+            if p.grad is not None:
+                # where() sends 0, but 0 * inf upstream is NaN; masked_fill needs no host sync
+                p.grad.masked_fill_(dead.view(-1, *[1] * (p.dim() - 1)), 0.0)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

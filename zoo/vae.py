@@ -62,10 +62,12 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from zoo.distributed import gather_members, is_sharded
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.member_modules import ModuleMembers
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.evaluation import StagedEvaluation
 from zoo.progress import Progress, attached_trainer
@@ -114,10 +116,14 @@ def _widths(owner: str, name: str, widths: Sequence[int]) -> list[int]:
 
 
 def _mlp(dims: Sequence[int]) -> nn.Sequential:
-    """Linear layers ``dims[0] -> ... -> dims[-1]`` with ReLU between them (none after the last)."""
+    """Linear layers ``dims[0] -> ... -> dims[-1]`` with ReLU between them (none after the last),
+    uninitialised (:func:`_fill` sets them): torch's default init would draw from the global
+    generator, and the noise takes its state from there at the start of training, so a model built
+    at construction would shift the noise against one built at setup, and against a DDP rank
+    (Lightning reseeds each rank between the two)."""
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-        layers.append(nn.Linear(a, b))
+        layers.append(torch.nn.utils.skip_init(nn.Linear, a, b))
         if i < len(dims) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -131,6 +137,15 @@ def _fill(net: nn.Sequential, scheme: InitScheme, generator: torch.Generator) ->
         for m, w in zip(linears, ws):
             m.weight.copy_(w[0])
             m.bias.zero_()
+
+
+def _mean_over_ranks(t: Tensor) -> Tensor:
+    """``t`` averaged over the processes (a collective), or ``t`` without a process group."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return t
+    t = t.clone()
+    torch.distributed.all_reduce(t)
+    return t / torch.distributed.get_world_size()
 
 
 NOISE_KEY = "reparameterisation_noise"
@@ -158,6 +173,12 @@ class _OwnNoise:
             m.noise_generator = generator
 
     def on_train_start(self) -> None:
+        # data-parallel (plain DDP: every rank its own images): each rank its own block of the stream;
+        # member-parallel ranks read the same images and draw the single-process stream
+        world = self.trainer.world_size
+        block = (world, self.trainer.global_rank) if world > 1 and not is_sharded(self) else (1, 0)
+        for m in self._noise_models():
+            m.noise_block = block
         if self._noise_restored:  # on_load_checkpoint of this fit set it
             self._noise_restored = False
             return
@@ -198,15 +219,27 @@ class _Evaluation(StagedEvaluation, Progress):
         self.init_progress()
         self.eval_metrics = nn.ModuleDict({"val": Reconstruction(members), "test": Reconstruction(members)})
 
+    def _local_models(self) -> list["BetaVAE"]:
+        """The VAEs this process trains and evaluates (a member-parallel sweep: its slice)."""
+        return self._noise_models()
+
+    def _all_members(self, values: Tensor) -> Tensor:
+        """Per-member ``values`` of :meth:`_local_models` -> of every member (a collective when sharded)."""
+        return values
+
     def _per_member(self, stage: str, name: str, values: Tensor, **kw) -> None:
-        self.log(f"{stage}/{name}", values.mean(), sync_dist=True, **kw)
+        # member-parallel: every rank holds the same gathered values, so a mean over ranks would only
+        # cost a collective (and round); data-parallel: each rank scored its own images
+        sync = not is_sharded(self)
+        values = self._all_members(values)
+        self.log(f"{stage}/{name}", values.mean(), sync_dist=sync, **kw)
         if 1 < len(values) <= MAX_MEMBER_TAGS:
             for label, v in zip(self.labels, values):
-                self.log(f"{stage}/{name}/{label}", v, sync_dist=True, **kw)
+                self.log(f"{stage}/{name}/{label}", v, sync_dist=sync, **kw)
 
     def evaluate_batch(self, batch, stage: str) -> None:
         x = batch[0]
-        outs = [m.evaluate(x) for m in self._noise_models()]
+        outs = [m.evaluate(x) for m in self._local_models()]
         self.eval_metrics[stage].update(x, torch.stack([o["x_hat"] for o in outs]))
         for name in ("reconstruction", "kl"):
             self._per_member(stage, name, torch.stack([o[name].mean() for o in outs]), on_epoch=True,
@@ -341,10 +374,29 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
             self.noise_generator = _generator_like_global()
         return self.noise_generator
 
+    noise_block: tuple[int, int] = (1, 0)
+    """``(world, rank)`` under data-parallel training: each step draws ``world`` blocks of noise
+    and this rank takes block ``rank``, so ranks (which share the generator's state) give their
+    different images different noise. ``(1, 0)`` otherwise (set at the start of training)."""
+
+    def draw_noise(self, batch: int) -> Tensor:
+        """eps ~ N(0, I) of shape (batch, L) from :meth:`noise`, on the CPU (so its stream is the same
+        on every device) in the weights' dtype: under autocast ``mu`` is bf16 but the stream is the
+        float32 one, and a member that another rank trains can skip its draw (:meth:`skip_noise`)
+        without knowing ``mu``."""
+        world, rank = self.noise_block
+        dtype = self.encoder[0].weight.dtype
+        eps = torch.randn((world * batch, self.latent_dim), generator=self.noise(), dtype=dtype)
+        return eps[rank * batch:(rank + 1) * batch] if world > 1 else eps
+
+    def skip_noise(self, batch: int) -> None:
+        """Advance the generator past one step's draw of a batch of ``batch`` images (a sweep member
+        trained by another rank: the members share the generator and draw in turn)."""
+        self.draw_noise(batch)
+
     def reparameterise(self, mu: Tensor, logvar: Tensor) -> Tensor:
-        """A sample ``z = mu + exp(logvar / 2) eps``, eps ~ N(0, I) from :meth:`noise` (drawn on the
-        CPU, so its stream is the same on every device)."""
-        eps = torch.randn(mu.shape, generator=self.noise(), dtype=mu.dtype).to(mu.device)
+        """A sample ``z = mu + exp(logvar / 2) eps``, eps from :meth:`draw_noise`."""
+        eps = self.draw_noise(mu.shape[0]).to(mu.device, mu.dtype)
         return mu + torch.exp(0.5 * logvar) * eps
 
     def _noise_models(self) -> list["BetaVAE"]:
@@ -414,12 +466,16 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
         x = batch[0]
         self.count_samples(x.shape[0])
         out = self.losses(x, self.global_step)
-        check_finite(out["loss"].detach().view(1), step=self.global_step, labels=[type(self).__name__],
+        # data-parallel: the mean over the ranks' images (one collective), so every rank logs it and
+        # decides about divergence alike (a rank that raised alone would leave the others waiting)
+        stats = _mean_over_ranks(torch.cat([torch.stack([out[k].detach().float() for k in
+                                                         ("loss", "reconstruction", "kl", "active_latents")]),
+                                            out["kl_per_latent"].detach().float()]))
+        check_finite(stats[:1], step=self.global_step, labels=[type(self).__name__],
                      hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
-        self.log("loss", out["loss"].detach(), prog_bar=True)
-        self.log_dict({"reconstruction": out["reconstruction"].detach(), "kl": out["kl"].detach(),
-                       "active_latents": out["active_latents"]})
-        self.log_dict({f"kl/z{i}": v for i, v in enumerate(out["kl_per_latent"].detach())})
+        self.log("loss", stats[0], prog_bar=True)
+        self.log_dict({"reconstruction": stats[1], "kl": stats[2], "active_latents": stats[3]})
+        self.log_dict({f"kl/z{i}": v for i, v in enumerate(stats[4:])})
         return out["loss"]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -429,7 +485,7 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
 # ------------------------------------------------------------------------------------------------
 # a sweep of independent models in one fit
 # ------------------------------------------------------------------------------------------------
-class BetaVAESweep(_OwnNoise, _Evaluation, pl.LightningModule):
+class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     """Independent beta-VAEs trained side by side on the same batches: one per (init member, seed).
 
     ``init_encoder: Gain(g=[0.3, 1, 3])`` with ``seeds: [0, 1, 2, 3]`` gives 12 models, member
@@ -527,17 +583,50 @@ class BetaVAESweep(_OwnNoise, _Evaluation, pl.LightningModule):
             m.adopt_image_shape(getattr(dm, "image_shape", None))
         store_hparams(self, image_shape=self.members[0].image_shape)
 
+    # -- member-parallel (zoo.member_modules): this rank trains members[member_slice] -------------------
+    def member_modules(self) -> list[BetaVAE]:
+        return list(self.members)
+
+    def _local_models(self) -> list[BetaVAE]:
+        return list(self.members)[self.member_slice]
+
+    def _all_members(self, values: Tensor) -> Tensor:
+        return gather_members(values, len(self.members))
+
+    def _local_metrics(self, members: int, sync: bool) -> None:
+        device = self.eval_metrics["val"].sse.device
+        self.eval_metrics = nn.ModuleDict({stage: Reconstruction(members, sync_on_compute=sync).to(device)
+                                           for stage in ("val", "test")})
+
+    def keep_members(self, lo: int, hi: int) -> None:
+        super().keep_members(lo, hi)
+        # every rank evaluates its members on the same batches: a sum over ranks would double count
+        self._local_metrics(hi - lo, sync=False)
+
+    def all_members_back(self) -> None:
+        if self.member_range is not None:
+            super().all_members_back()
+            self._local_metrics(len(self.members), sync=True)
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]
         self.count_samples(x.shape[0])
-        outs = [m.losses(x, self.global_step) for m in self.members]
+        local = range(len(self.members))[self.member_slice]
+        outs = []
+        for k, m in enumerate(self.members):
+            # the members draw their noise in turn from one generator: one trained elsewhere still draws
+            if k in local:
+                outs.append(m.losses(x, self.global_step))
+            else:
+                m.skip_noise(x.shape[0])
         losses = torch.stack([o["loss"] for o in outs])
-        check_finite(losses.detach(), step=self.global_step, labels=self.labels,
+        # one gather of every member's numbers (identity in one process), so that all ranks decide alike
+        stats = self._all_members(torch.stack([torch.stack([o[k].detach().float() for o in outs]) for k in
+                                               ("loss", "reconstruction", "kl", "active_latents")], 1))
+        loss, recon, kl, active = stats.unbind(1)
+        check_finite(loss, step=self.global_step, labels=self.labels,
                      hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
-        recon = torch.stack([o["reconstruction"] for o in outs]).detach()
-        kl = torch.stack([o["kl"] for o in outs]).detach()
-        active = torch.stack([o["active_latents"] for o in outs])
-        self.log("loss", losses.detach().mean(), prog_bar=True)
+        self.log("loss", loss.mean(), prog_bar=True)
         self.log_dict({"reconstruction": recon.mean(), "kl": kl.mean(), "active_latents": active.mean()})
         if len(self.members) <= MAX_MEMBER_TAGS:
             for tag, values in (("reconstruction", recon), ("kl", kl), ("active_latents", active)):
@@ -545,7 +634,8 @@ class BetaVAESweep(_OwnNoise, _Evaluation, pl.LightningModule):
         return losses.sum()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+        # over every member: the same parameter list (and checkpoint layout) on any number of processes
+        return self.track_optimizer(torch.optim.Adam(self.parameters(), lr=self.lr))
 
 
 def vae_members(module: nn.Module, where: Sequence[dict] | None = None) -> list[tuple[str, BetaVAE]]:
