@@ -1,5 +1,5 @@
 """The autoencoders across processes (issue 19): a ``BetaVAESweep`` and a ``SparseAutoencoder``
-ensemble trained member-parallel by 2 CPU processes (gloo, ``--trainer.strategy=ddp``) equal the
+ensemble trained member-parallel by 2 CPU processes (gloo, ``--trainer.strategy=ddp``, two simulated nodes) equal the
 single-process run bit for bit: the final checkpoint (every member's weights and Adam state, the
 noise generator's state), the logged scalars and the figures. Each rank trains its own members on
 the whole stream (zoo.distributed); the sweep's members draw their noise in turn from one
@@ -10,19 +10,18 @@ round otherwise (conv-free MLPs here, whose CPU kernels are deterministic at a f
 
 Also here: one BetaVAE trained data-parallel (its metrics over every rank's images), training under
 bf16 autocast, and MNIST extracted in ``prepare_data`` (once per node) with ``setup`` only reading.
-The multi-process tests are slow (each pair of runs ~13-17 s on an idle 2-core machine).
+The 2-process runs are simulated nodes forked from this process (tests/helpers_ddp.run_forked);
+the quickstart's test in test_ddp_linear.py goes through Lightning's own launcher.
 """
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers_ddp import fit_one, run_forked
 from resume_harness import REPO, figures, scalars
 
 from tests.helpers_mnist import SHARED_RAW, tiny_mnist
@@ -31,23 +30,9 @@ RECIPES = REPO / "recipes" / "specialisation"
 slow = pytest.mark.slow
 
 
-def _run_cli(folder: Path, args: list[str], devices: int) -> subprocess.Popen:
-    """``python -m zoo fit`` on ``devices`` CPU processes (DDP for 2) in ``folder``, one thread each."""
-    folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    ddp = ["--trainer.strategy=ddp"] if devices > 1 else []
-    return subprocess.Popen([sys.executable, "-m", "zoo", "fit", *args, "--trainer.accelerator=cpu",
-                             f"--trainer.devices={devices}", *ddp, "--trainer.enable_progress_bar=false"],
-                            cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 def _both(tmp: Path, args: list[str]) -> tuple[Path, Path]:
-    """The run on 1 and on 2 processes (started together); their run folders."""
-    procs = {n: _run_cli(tmp / f"p{n}", args, n) for n in (1, 2)}
-    for n, p in procs.items():
-        err = p.communicate(timeout=300)[1].decode()
-        assert p.returncode == 0, f"{n} process(es): exit {p.returncode}\n{err[-4000:]}"
-    return tmp / "p1/lightning_logs/version_0", tmp / "p2/lightning_logs/version_0"
+    """The run on 1 process (here, one thread) and on 2 (forked simulated nodes, one thread each); their run folders."""
+    return fit_one(tmp / "p1", *args), run_forked(tmp / "p2", *args, nodes=2)
 
 
 def _checkpoint(run: Path) -> dict:
@@ -141,10 +126,8 @@ def data_parallel_runs(tmp_path_factory):
     args = ["--config", str(RECIPES / "fig13_vae_mnist.yaml"), f"--data.init_args.data_dir={SHARED_RAW.parents[1]}",
             "--data.init_args.num_samples=256", "--model.init_args.encoder_widths=[32]",
             "--model.init_args.decoder_widths=[32]", "--trainer.max_epochs=2"]
-    procs = {n: _run_cli(tmp / f"p{n}", [*args, f"--data.init_args.batch_size={32 // n}"], n) for n in (1, 2)}
-    for n, p in procs.items():
-        err = p.communicate(timeout=300)[1].decode()
-        assert p.returncode == 0, f"{n} process(es): exit {p.returncode}\n{err[-4000:]}"
+    fit_one(tmp / "p1", *args, "--data.init_args.batch_size=32")
+    run_forked(tmp / "p2", *args, "--data.init_args.batch_size=16", nodes=2)
     return tmp
 
 
