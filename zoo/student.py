@@ -153,8 +153,10 @@ class MultiHeadStudent(MultiHeadModule):
         return (self.samples_seen if samples is None else samples) / self.d
 
     def preactivations(self, x: Tensor) -> Tensor:
-        """``lam = W x / sqrt d`` of every member: x (N, d) -> (E, N, p)."""
-        return x.to(self.W.dtype) @ self.W.transpose(-1, -2) / math.sqrt(self.d)
+        """``lam = W x / sqrt d`` of every member: x (N, d) -> (E, N, p) (each member's rows rounded alone)."""
+        E, p, d = self.W.shape
+        lam = _rows_times(self.W.reshape(E * p, d), x.to(self.W.dtype))  # (E p, N)
+        return lam.view(E, p, -1).transpose(-1, -2) / math.sqrt(self.d)
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every head: x (N, d) -> (E, N, n_tasks)."""
@@ -261,7 +263,8 @@ class MultiHeadStudent(MultiHeadModule):
         self._check_stream_position(batch, B)
         self.begin_task(task)
         Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
-        losses = 0.5 * Delta.pow(2).mean((0, 1))
+        # each member's mean over its own contiguous row: the same bits whichever members share the tensor
+        losses = 0.5 * Delta.view(S * B, -1).T.contiguous().pow(2).mean(1)
         everyone = self.across_ranks(losses)  # every member's, on every rank: all ranks stop together
         check_finite(everyone, step=self.samples_seen, labels=self.labels,
                      hint=f"eta = {self.eta} is probably too large (online SGD needs eta of order 1 or less).")
@@ -322,7 +325,9 @@ class MultiHeadStudent(MultiHeadModule):
         if mode == "empirical":
             delta = (self.activation(lam) * self.h[:, task, None, :]).sum(-1) - y.T  # (E, N)
             a = a * self.loss_grad(delta).unsqueeze(-1)
-        return torch.einsum("enp,nd->epd", a.pow(2), x.pow(2)) / (x.shape[0] * self.d)
+        E, N, p = a.shape
+        F = _rows_times(a.pow(2).transpose(1, 2).reshape(E * p, N), x.pow(2).T)  # sum_s a_s^2 x_s^2, (E p, d)
+        return F.view(E, p, -1) / (x.shape[0] * self.d)
 
     # -- evaluation (validation_step / test_step of zoo.multihead) -------------------------------------
     def eval_metrics(self) -> dict:
@@ -351,19 +356,26 @@ class MultiHeadStudent(MultiHeadModule):
         ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
         """
         S, B, d = x.shape
-        E = self.ensemble
-        W = self.W.data.view(E * self.p, d)
-        h = self.h.data[:, task].clone()  # (E, p) contiguous working copy of the active head
-        Xf, Yf = x.reshape(S * B, d), y.reshape(S * B, E)
-        Delta = torch.empty(S * B, E, dtype=x.dtype, device=x.device)
+        E, p = self.ensemble, self.p
+        # zero members up to a multiple of VECTOR_ROWS units: every elementwise op of a step then runs
+        # on whole SIMD vectors, never on a scalar tail that rounds erf/exp differently, so a member
+        # trains to the same bits whichever members share its process (zoo.distributed). A zero member
+        # (W = 0, h = 0) has Delta = 0 and stays zero.
+        E_pad = -(-E // (m := VECTOR_ROWS // math.gcd(VECTOR_ROWS, p))) * m
+        W = _padded(self.W.data.view(E * p, d), E_pad * p)
+        h = _padded(self.h.data[:, task], E_pad).clone()  # (E_pad, p) contiguous working copy of the active head
+        Xf, Yf = x.reshape(S * B, d), _padded(y.reshape(S * B, E).T, E_pad).T
+        Delta = torch.empty(S * B, E_pad, dtype=x.dtype, device=x.device)
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
         if (self.ewc is not None and self.ewc.active) or self.custom_update:
             block = self._stepwise_block
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
-        self.h.data[:, task] = h
-        return Delta.view(S, B, E)
+        if E_pad > E:
+            self.W.data.view(E * p, d).copy_(W[: E * p])
+        self.h.data[:, task] = h[:E]
+        return Delta[:, :E].reshape(S, B, E)
 
     def _constants(self, B: int) -> tuple[float, float, float, float]:
         """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``."""
@@ -378,7 +390,7 @@ class MultiHeadStudent(MultiHeadModule):
         rows of the later samples take the rank-one correction ``-c K[:, j] g_j^T``, so row ``j``
         is exact when it is read. Every per-step tensor is a view made once per block (unbind).
         """
-        E, p, act, d = self.ensemble, self.p, self.activation_name, self.d
+        E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(1)
         n = Xb.shape[0]
         U = _rows_times(W, Xb).T.contiguous().mul_(kappa / math.sqrt(d))  # (n, E p)
@@ -407,18 +419,18 @@ class MultiHeadStudent(MultiHeadModule):
         """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
         ``loss_grad(Delta)``): the generic path. With EWC on, ``W`` also decays towards its anchor,
         ``W <- W - eta xi F (W - W*)``, which is not rank one, so there is no blocking."""
-        E, p, d = self.ensemble, self.p, self.d
+        E, p, d = h.shape[0], self.p, self.d
         c_head, c_W = self.eta / (d * B), self.eta / (math.sqrt(d) * B)
         penalised = self.ewc is not None and self.ewc.active
-        if penalised:
-            F = self.ewc.fisher("W").view(E * p, d)
-            W_star = self.ewc.anchor("W").view(E * p, d)
+        if penalised:  # padded like W (sgd_steps): zero Fisher and anchor for the zero members
+            F = _padded(self.ewc.fisher("W").view(-1, d), E * p)
+            W_star = _padded(self.ewc.anchor("W").view(-1, d), E * p)
             xi = self.ewc.xi
-            c_pen = self.eta * (xi if isinstance(xi, float) else xi.to(W).repeat_interleave(p)[:, None])
+            c_pen = self.eta * (xi if isinstance(xi, float) else _padded(xi.to(W).repeat_interleave(p)[:, None], E * p))
             pull = torch.empty_like(W)
         for j in range(0, Xb.shape[0], B):
             x = Xb[j:j + B]
-            lam = _rows_times(W, x).T.mul_(1.0 / math.sqrt(d)).view(B, E, p)
+            lam = _rows_times(W, x).T.contiguous().mul_(1.0 / math.sqrt(d)).view(B, E, p)
             f = self.activation(lam)
             torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
             g = self.loss_grad(Db[j:j + B]).unsqueeze(-1)  # (B, E, 1)
@@ -434,7 +446,7 @@ class MultiHeadStudent(MultiHeadModule):
 
         ``u_j = u_j(W_0) - c K[j, :j] G[:j]``: the corrections of the earlier steps of the block.
         """
-        E, p, act, d = self.ensemble, self.p, self.activation_name, self.d
+        E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(B)
         n = Xb.shape[0]
         U = _rows_times(W, Xb).T.contiguous().mul_(kappa / math.sqrt(d))  # (n, E p)
@@ -474,6 +486,8 @@ class MultiHeadStudent(MultiHeadModule):
 # take other paths. The helpers below pad to that size, so that a member (its p rows of W) trains to
 # the same bits whichever members it shares a process with (zoo.distributed).
 MIN_ROWS = 4
+VECTOR_ROWS = 64
+"""``sgd_steps`` pads the units of the ensemble (rows of W) to a multiple of this: whole AVX-512 vectors, twice."""
 
 
 def _padded(A: Tensor, rows: int) -> Tensor:
