@@ -158,7 +158,7 @@ def test_one_classifier_trains_data_parallel_like_one_process(tmp_path, mnist):
 
 def _student_after(E: int, B: int, lo: int | None = None, hi: int | None = None, ewc: bool = False):
     """A student ensemble (or its members lo:hi, as a process of a member-parallel run holds them)
-    after 3 chunks of SGD on one stream (with the EWC penalty on: the step-by-step path)."""
+    after 2 chunks of SGD on one stream (with the EWC penalty on: the step-by-step path)."""
     net = MultiHeadStudent(d=24, p=2, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=[0.2 * e for e in range(E)]),
                            ewc=EWC(xi=[0.1 * e for e in range(E)]) if ewc else None)
     if lo is not None:
@@ -166,8 +166,8 @@ def _student_after(E: int, B: int, lo: int | None = None, hi: int | None = None,
     if ewc:
         net.ewc.consolidate({"W": net.W}, {"W": torch.full_like(net.W, 0.05)})
     g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        x, y = torch.randn(30, B, 24, generator=g), torch.randn(30, B, E, generator=g)
+    for _ in range(2):
+        x, y = torch.randn(20, B, 24, generator=g), torch.randn(20, B, E, generator=g)
         net.sgd_steps(x, y[..., slice(lo, hi)], task=0)
     return net.W, net.h
 

@@ -36,7 +36,6 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from zoo.distributed import MemberParallel, all_members, gather_members, is_sharded
-
 from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resolve_members
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
@@ -294,7 +293,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
 
     @property
     def set_index(self) -> Tensor:
-        """The data set of every member, (E,): ``e mod G``."""
+        """The data set of every member held, (E,): ``e mod G`` of its index ``e`` in the whole ensemble."""
         lo = 0 if self.member_range is None else self.member_range[0]
         return (torch.arange(self.ensemble, device=self.W.device) + lo) % self.G
 
