@@ -33,15 +33,15 @@ E, D = 4096, 1000
 
 class _TrainTime(pl.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
-        self.t0 = time.perf_counter()
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.train_s = time.perf_counter() - self.t0
+        self.train_s, self.cpu_s = time.perf_counter() - self.t0, time.process_time() - self.cpu0
 
 
 def worker(devices: int, steps: int, accelerator: str = "cpu") -> None:
     """One fit (this process is rank 0; Lightning's launcher starts the others with this command);
-    rank 0 prints the timings as a JSON line."""
+    every rank prints its timings as a JSON line (the launched ranks share rank 0's stdout)."""
     from datamodules import TeacherStudent
     from zoo import MultiHeadStudent
     from zoo.distributed import EnsembleDDP
@@ -49,7 +49,6 @@ def worker(devices: int, steps: int, accelerator: str = "cpu") -> None:
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    t0 = time.perf_counter()
     dm = TeacherStudent(d=D, n_tasks=1, num_steps=steps, steps_per_batch=1000, num_test=10, seed=0)
     net = MultiHeadStudent(d=D, n_tasks=1, init_w=Gaussian(sigma=1e-3), init_heads=Polar(r=1.0, theta=0.0), ensemble=E,
                            seed=list(range(E)))
@@ -59,8 +58,7 @@ def worker(devices: int, steps: int, accelerator: str = "cpu") -> None:
                          accelerator=accelerator, devices=devices, use_distributed_sampler=False,
                          strategy=EnsembleDDP() if devices > 1 else "auto")
     trainer.fit(net, datamodule=dm)
-    if trainer.is_global_zero:
-        print(json.dumps({"train_s": timer.train_s, "fit_s": time.perf_counter() - t0}), flush=True)
+    print(json.dumps({"rank": trainer.global_rank, "train_s": timer.train_s, "cpu_s": timer.cpu_s}), flush=True)
 
 
 def _free_port() -> int:
@@ -69,8 +67,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def timed(devices: int, steps: int, accelerator: str = "cpu") -> tuple[float, float]:
-    """(training, whole run incl. interpreter start) seconds of one fit on ``devices`` processes of one thread."""
+def timed(devices: int, steps: int, accelerator: str = "cpu") -> tuple[float, float, float]:
+    """Seconds of one fit on ``devices`` processes of one thread: training (rank 0's wall clock), the
+    largest CPU time of a process in training, and the whole run (interpreter start included)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
@@ -80,8 +79,9 @@ def timed(devices: int, steps: int, accelerator: str = "cpu") -> tuple[float, fl
     wall = time.perf_counter() - t
     if out.returncode != 0:
         raise RuntimeError(f"the {devices}-process run failed:\n{out.stderr[-3000:]}")
-    line = next(l for l in out.stdout.splitlines() if l.startswith("{"))
-    return json.loads(line)["train_s"], wall
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(ranks) == devices, out.stdout
+    return next(r["train_s"] for r in ranks if r["rank"] == 0), max(r["cpu_s"] for r in ranks), wall
 
 
 def main() -> None:
@@ -94,22 +94,25 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, args.steps, args.accelerator)
     load = os.getloadavg()[0]
-    times: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    times: dict[int, list[tuple[float, float, float]]] = {1: [], 2: []}
     for r in range(args.rounds):
         for n in ((1, 2) if r % 2 == 0 else (2, 1)):
             times[n].append(timed(n, args.steps))
     gpu = timed(1, args.steps, "gpu") if torch.cuda.is_available() else None
-    best = {n: (min(t for t, _ in v), min(w for _, w in v)) for n, v in times.items()}
+    best = {n: tuple(min(r[i] for r in v) for i in range(3)) for n, v in times.items()}
     print(f"\nMember-parallel MultiHeadStudent: E = {E}, d = {D}, p = 2, erf, {args.steps:,} online SGD steps; "
           f"1 torch thread per process; best of {args.rounds} interleaved rounds; load average {load:.1f} at the start "
           f"(on {os.cpu_count()} cores)")
-    print(f"{'processes':>10s} {'train s':>9s} {'student-steps/s':>16s} {'speed-up':>9s} {'whole run s':>12s} {'speed-up':>9s}"
-          f" {'GPU train s':>12s}")
+    print(f"{'processes':>10s} {'train s':>9s} {'student-steps/s':>16s} {'speed-up':>9s} {'CPU s/proc':>11s} "
+          f"{'CPU ratio':>10s} {'whole run s':>12s} {'speed-up':>9s} {'GPU train s':>12s}")
     for n in (1, 2):
-        t, w = best[n]
+        t, c, w = best[n]
         gpu_col = f"{gpu[0]:12.1f}" if gpu and n == 1 else f"{'n/a':>12s}"
-        print(f"{n:>10d} {t:9.1f} {E * args.steps / t:16,.0f} {best[1][0] / t:9.2f} {w:12.1f} {best[1][1] / w:9.2f} {gpu_col}")
-    print(f"rounds (train s): 1 process {[round(t, 1) for t, _ in times[1]]}, 2 processes {[round(t, 1) for t, _ in times[2]]}")
+        print(f"{n:>10d} {t:9.1f} {E * args.steps / t:16,.0f} {best[1][0] / t:9.2f} {c:11.1f} {best[1][1] / c:10.2f} "
+              f"{w:12.1f} {best[1][2] / w:9.2f} {gpu_col}")
+    print("CPU s/proc: the busiest process's CPU time in training; CPU ratio: the speed-up two idle cores would show "
+          "(the processes wait on each other once a batch only), unless they contend for memory bandwidth")
+    print(f"rounds (train s): 1 process {[round(r[0], 1) for r in times[1]]}, 2 processes {[round(r[0], 1) for r in times[2]]}")
 
 
 if __name__ == "__main__":

@@ -275,8 +275,8 @@ class MultiHeadStudent(MultiHeadModule):
         return {"member_loss": losses.detach()}
 
     def _log_training(self, losses: Tensor, batch_idx: int) -> None:
-        """Every member's loss ``losses`` (E,) (and EWC penalty) to the loggers at ``samples_seen`` (TensorBoard's x-axis is the
-        SGD step; ``zoo.cli`` purges a resumed run's events after its checkpoint's), every
+        """Every member's loss ``losses`` (E,) (and EWC penalty) to the loggers at ``samples_seen``
+        (TensorBoard's x-axis is the SGD step; ``zoo.cli`` purges a resumed run's events after its checkpoint's), every
         ``log_every_n_steps`` batches and at the last; the progress bar shows the loss. Written to the
         loggers directly: ``self.log`` costs ~1 ms a key a batch, as much as a chunk of SGD."""
         self.log("loss", losses.mean(), prog_bar=True, logger=False)
