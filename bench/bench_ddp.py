@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -59,6 +60,8 @@ def worker(devices: int, steps: int, accelerator: str = "cpu") -> None:
                          strategy=EnsembleDDP() if devices > 1 else "auto")
     trainer.fit(net, datamodule=dm)
     print(json.dumps({"rank": trainer.global_rank, "train_s": timer.train_s, "cpu_s": timer.cpu_s}), flush=True)
+    if torch.distributed.is_initialized():  # gloo's threads must not outlive the interpreter's teardown
+        torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -79,7 +82,8 @@ def timed(devices: int, steps: int, accelerator: str = "cpu") -> tuple[float, fl
     wall = time.perf_counter() - t
     if out.returncode != 0:
         raise RuntimeError(f"the {devices}-process run failed:\n{out.stderr[-3000:]}")
-    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    # the ranks print at the same moment: their lines may run together
+    ranks = [json.loads(m) for m in re.findall(r'\{"rank".*?\}', out.stdout)]
     assert len(ranks) == devices, out.stdout
     return next(r["train_s"] for r in ranks if r["rank"] == 0), max(r["cpu_s"] for r in ranks), wall
 

@@ -471,6 +471,8 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
                 if 1 < E <= MAX_MEMBER_TAGS:
                     metrics |= {f"{stage}/task{task + 1}/{name}/{label}": v for label, v in zip(labels, values)}
                 metric.reset()
+        if metrics:  # plain numbers, one host sync: already equal on every rank (gathered or summed over ranks)
+            metrics = dict(zip(metrics, torch.stack([v.float() for v in metrics.values()]).tolist()))
         # Lightning's printed table of `lightning validate|test` holds only what self.log sends to
         # the loggers: outside fit, let it; inside fit, keep the samples axis
         own_axis = self.logs_on_samples and self.trainer.state.fn == "fit"
