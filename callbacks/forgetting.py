@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, log_figure, warn_once, write_table
+from callbacks.base import HistoryCallback, all_members, log_figure, warn_once, write_table
 from zoo.analysis.forgetting import (error_matrix, forgetting_transfer, member_table, paired_differences, per_group,
                                      profile_shape, profiles)
 
@@ -117,8 +117,10 @@ class Forgetting(HistoryCallback):
             self.delta_step = step
 
     def errors(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
-        """Every member's error on every task now, (E, n_tasks)."""
-        return pl_module.task_errors(trainer.datamodule, self.source).detach().double().cpu()
+        """Every member's error on every task now, (E, n_tasks): gathered across processes (a
+        collective: every rank calls it at the same steps)."""
+        with all_members(pl_module):
+            return pl_module.task_errors(trainer.datamodule, self.source).detach().double().cpu()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = self.now = self.clock(trainer, pl_module)  # the step of what is logged here
@@ -150,6 +152,11 @@ class Forgetting(HistoryCallback):
         self.log_scalars(trainer, {f"{tag}/{lbl}": values[e] for e, lbl in enumerate(pl_module.labels[: self.max_members])})
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # every rank: the ODE and the node norms read every member (a collective while sharded)
+        with all_members(pl_module):
+            self._report(trainer, pl_module)
+
+    def _report(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.history["switch_errors"]:
             warn_once("Forgetting: training ended before the first task switch; nothing to report")
             return

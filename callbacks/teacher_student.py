@@ -16,7 +16,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, PeriodicCallback, check_count, log_figure, log_matrix, output_path, overlay_charts
+from callbacks.base import (HistoryCallback, PeriodicCallback, all_members, check_count, log_figure, log_matrix,
+                            output_path, overlay_charts)
 from zoo.plots import pyplot
 
 
@@ -99,7 +100,8 @@ class OrderParameters(HistoryCallback):
         now = self.clock(trainer, pl_module)
         if now in self.history["snap_steps"]:
             return
-        Q, R, _ = pl_module.order_parameters(trainer.datamodule.W_teachers)
+        with all_members(pl_module):  # every rank at a switch (a collective while sharded); full after fit
+            Q, R, _ = pl_module.order_parameters(trainer.datamodule.W_teachers)
         self.history["snap_steps"].append(now)
         self.history["snap_Q"].append(Q[: self.max_images].detach().cpu())
         self.history["snap_R"].append(R[: self.max_images].detach().cpu())

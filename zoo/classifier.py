@@ -11,6 +11,11 @@ datamodule serves ``G`` data sets at once (batches ``x`` (G, B, n_in), e.g. one 
 similarity), each initialisation is replicated ``G`` times at setup and member ``e`` trains on
 set ``e mod G``, as the students do with teacher sets.
 
+**Across processes** (``--trainer.strategy=ddp``): an ensemble is member-parallel (each rank trains
+its slice of the members on every batch, ``zoo.distributed``); one member trains data-parallel
+under DDP, every rank on its part of each batch (``batch_size`` must divide by the number of
+processes: the parts' mean gradients then average to the whole batch's).
+
 **EWC** ([S] Sec. 4.2.2): with ``ewc`` set, the end of a consolidated task stores ``W`` and its
 per-sample diagonal Fisher (buffers), and the loss of later tasks gains ``xi/2 sum F (W - W*)^2``.
 """
@@ -199,18 +204,27 @@ class MultiHeadClassifier(MultiHeadModule):
             raise RuntimeError(f"{type(self).__name__}: the batch is for SGD step {int(batch['step'])} but the run is "
                                f"at step {self.global_step}; the data stream and the checkpoint do not match")
         self.begin_task(task)
-        total, losses = self.training_loss(batch["x"], batch["y"], task)
-        check_finite(losses.detach(), step=self.global_step, labels=self.labels,
+        part = self.rank_part(batch)  # data-parallel: this rank's samples
+        total, losses = self.training_loss(part["x"], part["y"], task)
+        everyone = self.across_ranks(losses.detach())  # every member's, the whole batch's: the same on every rank
+        check_finite(everyone, step=self.global_step, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large; try lr / 10.")
         if self.ewc is not None and self.ewc.active:
             pen = self.ewc.member_penalty({"W": self.W})
             total = total + pen.sum()
-            self.log("ewc/penalty", pen.detach().mean())
+            self.log("ewc/penalty", self.across_ranks(pen.detach()).mean())
         self.count_samples(batch["y"].shape[-1])
-        self.log("loss", losses.detach().mean(), prog_bar=True)
-        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses.detach())})
+        self.log("loss", everyone.mean(), prog_bar=True)
+        if 1 < self.n_members() <= MAX_MEMBER_TAGS:
+            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, everyone)})
         return total
+
+    def check_data_parallel(self, dm, world: int) -> None:
+        """One member trains data-parallel: every rank on ``batch_size / world`` samples of each batch."""
+        B = getattr(dm, "batch_size", None)
+        if isinstance(B, int) and B % world:
+            raise ValueError(f"{type(self).__name__}: one member trains data-parallel, each of the {world} processes on "
+                             f"an equal part of every batch; batch_size = {B}; allowed: a multiple of {world}")
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)

@@ -223,7 +223,8 @@ def _member_parallel_settings(trainer_config: dict, model) -> dict:
 
     strategy = trainer_config.get("strategy")
     named = strategy in (STRATEGY_NAME, "ddp_members") or type(strategy).__name__ == "EnsembleDDP"
-    if named and isinstance(model, MemberParallel) and model.n_members() > 1:
+    # whole_stream: a module that reads a step schedule and splits batches itself when data-parallel
+    if named and isinstance(model, MemberParallel) and (model.n_members() > 1 or getattr(model, "whole_stream", False)):
         return {"use_distributed_sampler": False}
     return {}
 

@@ -8,6 +8,14 @@ per-task validation and test metrics.
 EWC ``xi`` and data set, e.g. ``{"theta": 0.39, "r": 1.0, "seed": 0, "gamma": 0.5}``); ``labels``
 are derived from it by ``zoo.labels.member_labels`` and never parsed back.
 
+**Across processes** (``zoo.distributed``, ``--trainer.strategy=ddp``): the members are independent,
+so each rank trains its slice of the ``E G`` rows (member-parallel, :class:`~zoo.distributed.MemberParallel`)
+on the whole stream; ``replicate`` runs at setup, before the strategy shards. Per-member Python
+state (``init_params``, ``sets``, labels, EWC's ``xi``) stays whole; the training losses, validation
+metrics and EWC's summary are gathered so that rank 0 logs every member. One member (a single
+classifier) trains data-parallel instead: every rank reads the same batch and trains on its part of
+it (:meth:`MultiHeadModule.rank_part`), DDP averages the gradients, the metrics are summed over ranks.
+
 **Override points** (README table): ``activation(lam)`` and ``activation_grad(lam)`` (``phi`` and
 ``phi'`` of the hidden units, elementwise) and ``loss_grad(delta)`` (the derivative of the
 per-sample loss with respect to the readout). The built-in activations are named by the
@@ -17,13 +25,17 @@ per-sample loss with respect to the readout). The built-in activations are named
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from typing import Iterator
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from zoo.distributed import MemberParallel, all_members, gather_members, is_sharded
 from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resolve_members
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
@@ -116,7 +128,13 @@ class MemberMean(Metric):
         return self.total / self.count
 
 
-class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
+def _this_process_only() -> bool:
+    """A metric's ``distributed_available_fn`` for member-parallel runs: its states hold this rank's
+    members, which must never be summed with another rank's (they are gathered instead)."""
+    return False
+
+
+class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     """Base of ``MultiHeadStudent`` and ``MultiHeadClassifier``: members, replication over data sets,
     EWC at the switch, the override points, per-task ``validation_step``/``test_step``.
 
@@ -129,6 +147,9 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     sets_arg = "teacher_sets"
     sets_attr = "teacher_sets"
     step_size_name = "eta"
+    whole_stream = True
+    """Every process reads the whole step schedule (``zoo.cli``: no distributed sampler), also with one
+    member (``E G`` is known only at setup) and data-parallel, where :meth:`rank_part` splits each batch."""
 
     # -- construction ---------------------------------------------------------------------------------
     def init_members(self, init_w, init_heads, init_later_heads, ewc: EWC | dict | None) -> tuple[dict, EWC | None, dict]:
@@ -180,8 +201,69 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     # -- members as data ------------------------------------------------------------------------------
     @property
     def ensemble(self) -> int:
-        """Number of members ``E`` (initialisations times data sets)."""
+        """Number of members ``E`` held here (initialisations times data sets; while the members are
+        sharded across processes, this rank's: the tensors' leading dimension). All: ``n_members()``."""
         return self.W.shape[0]
+
+    def n_members(self) -> int:
+        """``E``, every member, also while sharded (``zoo.distributed.MemberParallel``)."""
+        return self.W.shape[0] if self.member_range is None else self.member_range[2]
+
+    def keep_members(self, lo: int, hi: int) -> None:
+        """Members ``lo:hi`` only (``zoo.distributed``): the tensors are sliced, and EWC's per-member
+        ``xi`` with them; the other per-member state is kept whole and read through ``member_slice``."""
+        super().keep_members(lo, hi)
+        self._ewc_config_all = self.ewc.config if self.ewc is not None else None
+        if self.ewc is not None and isinstance(self.ewc.config.xi, (list, tuple)):
+            self.ewc.config = replace(self.ewc.config, xi=list(self.ewc.config.xi[lo:hi]))
+
+    @contextmanager
+    def members_gathered(self) -> Iterator[None]:
+        sharded = self.ewc is not None and is_sharded(self)
+        with super().members_gathered():
+            if sharded:
+                local, self.ewc.config = self.ewc.config, self._ewc_config_all
+            try:
+                yield
+            finally:
+                if sharded:
+                    self.ewc.config = local
+
+    def all_members_back(self) -> None:
+        if self.ewc is not None and is_sharded(self):
+            self.ewc.config = self._ewc_config_all
+        super().all_members_back()
+
+    def across_ranks(self, values: Tensor) -> Tensor:
+        """Per-member values computed here -> the whole run's, equal on every rank (a collective
+        across processes; call on every rank): member-parallel, every member's (gathered);
+        data-parallel, the mean over the ranks' equal parts of the batch; one process: ``values``."""
+        if is_sharded(self):
+            return gather_members(values, self.n_members())
+        if not self.data_parallel:
+            return values
+        total = values.detach().clone()
+        dist.all_reduce(total)
+        return total / dist.get_world_size()
+
+    @property
+    def data_parallel(self) -> bool:
+        """True when one member trains across several processes (every rank its part of each batch)."""
+        trainer = attached_trainer(self)
+        return (trainer is not None and trainer.world_size > 1 and not is_sharded(self)
+                and dist.is_available() and dist.is_initialized())
+
+    def rank_part(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Data-parallel: this rank's contiguous part of the samples of ``batch`` (``x`` (..., N, n),
+        ``y`` (..., N)); otherwise ``batch``. With ``N`` a multiple of the world size the parts are
+        equal, so the average of their mean gradients is the whole batch's."""
+        if not self.data_parallel:
+            return batch
+        world, rank = dist.get_world_size(), dist.get_rank()
+        part = dict(batch)
+        part["y"] = batch["y"].tensor_split(world, dim=-1)[rank]
+        part["x"] = batch["x"].tensor_split(world, dim=-2)[rank]
+        return part
 
     @property
     def member_params(self) -> list[dict]:
@@ -211,8 +293,9 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
 
     @property
     def set_index(self) -> Tensor:
-        """The data set of every member, (E,): ``e mod G``."""
-        return torch.arange(self.ensemble, device=self.W.device) % self.G
+        """The data set of every member held, (E,): ``e mod G`` of its index ``e`` in the whole ensemble."""
+        lo = 0 if self.member_range is None else self.member_range[0]
+        return (torch.arange(self.ensemble, device=self.W.device) + lo) % self.G
 
     # -- override points ------------------------------------------------------------------------------
     def activation(self, lam: Tensor) -> Tensor:
@@ -261,10 +344,27 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
                 raise ValueError(f"{name}: {self.sets_arg} = {self.G} but the datamodule has {G} data sets")
             self.replicate(G)
         self.sets = self.set_params(dm)
+        world = attached_trainer(self).world_size
+        if world > 1 and self.n_members() == 1:
+            self.check_data_parallel(dm, world)
         if self.ewc_config is not None and not callable(getattr(dm, "fisher_data", None)):
             raise TypeError(f"{name}: ewc needs a datamodule with fisher_data(task, n) to estimate the Fisher")
 
     sizes_shared_with_data: tuple[str, ...] = ()
+
+    def check_data_parallel(self, dm, world: int) -> None:
+        """One member across ``world`` processes trains data-parallel; raise if this module cannot."""
+        raise ValueError(f"{type(self).__name__}: one member cannot train across {world} processes; allowed: "
+                         f"an ensemble of at least devices x num_nodes = {world} members, or strategy 'auto' on one device")
+
+    def on_train_start(self) -> None:
+        from torch.utils.data import DistributedSampler
+
+        loader = self.trainer.train_dataloader
+        if isinstance(getattr(loader, "sampler", None), DistributedSampler):
+            # a distributed sampler would deal the schedule's steps out to the ranks, breaking the tasks' order
+            raise ValueError(f"{type(self).__name__} reads a step schedule that every process must read whole: build "
+                             "the Trainer with use_distributed_sampler=False (the zoo's CLI does so for strategy 'ddp')")
 
     def set_params(self, dm) -> list[dict]:
         """One dict per data set of ``dm``, its ``set_params`` (e.g. ``{"gamma": 0.5}``; else the index)."""
@@ -291,8 +391,10 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         x, y = self.trainer.datamodule.fisher_data(old, self.ewc_config.samples)
         F = self.consolidation_fisher(x.to(self.W.device), y.to(self.W.device), old)
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
+        with all_members(self):
+            summary = self.ewc.summary()
         for lg in self.trainer.loggers:
-            lg.log_metrics({f"ewc/{k}": v for k, v in self.ewc.summary().items()}, step=self.event_step())
+            lg.log_metrics({f"ewc/{k}": v for k, v in summary.items()}, step=self.event_step())
 
     def begin_task(self, task: int) -> None:
         """At a training batch of ``task``: switch if it is a new one (a datamodule without
@@ -304,8 +406,9 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
             self._switch_step = self.global_step
             self.on_task_switch(int(self.task), task)
         if self.ewc is not None and self.ewc.active:
-            self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__,
-                                     self.step_size_name)
+            with all_members(self):  # every rank decides on every member: all raise, or none
+                self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__,
+                                         self.step_size_name)
         self.task.fill_(task)
 
     logs_on_samples = False
@@ -330,11 +433,16 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         raise NotImplementedError
 
     def _metrics(self, stage: str, task: int) -> dict[str, Metric]:
-        """The metrics of ``stage`` and ``task``, made for the current ensemble (it grows at setup)."""
-        if getattr(self, "eval_members", None) != self.ensemble:
+        """The metrics of ``stage`` and ``task``, made for the members held (they grow at setup, and
+        a rank of a member-parallel run holds its slice: its metrics are its own, never summed)."""
+        if getattr(self, "eval_members", None) != (self.ensemble, self.member_range):
             self.eval_store = nn.ModuleDict({f"{s}{t}": nn.ModuleDict(self.eval_metrics()) for s in ("val", "test")
                                              for t in range(self.n_tasks)}).to(self.W.device)
-            self.eval_members = self.ensemble
+            if is_sharded(self):
+                for metrics in self.eval_store.values():
+                    for m in metrics.values():
+                        m.distributed_available_fn = _this_process_only
+            self.eval_members = (self.ensemble, self.member_range)
         return self.eval_store[f"{stage}{task}"]
 
     def _evaluate(self, stage: str, batch: dict[str, Tensor]) -> None:
@@ -342,25 +450,29 @@ class MultiHeadModule(Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
         if not 0 <= task < self.n_tasks:
             raise ValueError(f"{type(self).__name__}: {stage} batch of task {task} but the module has {self.n_tasks} heads")
         with torch.no_grad():
-            self.update_eval(self._metrics(stage, task), batch, task)
+            self.update_eval(self._metrics(stage, task), self.rank_part(batch), task)
 
     def _log_eval(self, stage: str) -> None:
         """Log ``<stage>/task<t>/<metric>`` (mean over members) and, for up to ``MAX_MEMBER_TAGS``
         members, ``<stage>/task<t>/<metric>/<label>``; tasks numbered from 1. ``self.log`` gives the
         printed table of ``lightning validate|test``; inside ``fit`` a module on the samples axis writes
         the loggers itself, at ``samples_seen`` (``self.log`` would write at ``global_step``)."""
-        if getattr(self, "eval_members", None) != self.ensemble:
+        if getattr(self, "eval_members", None) != (self.ensemble, self.member_range):
             return
-        labels, metrics = self.labels, {}
+        labels, metrics, E = self.labels, {}, self.n_members()
         for task in range(self.n_tasks):
             for name, metric in self.eval_store[f"{stage}{task}"].items():
                 if not metric.update_called:
                     continue
                 values = metric.compute().float()
+                if is_sharded(self):
+                    values = gather_members(values, E)
                 metrics[f"{stage}/task{task + 1}/{name}"] = values.mean()
-                if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+                if 1 < E <= MAX_MEMBER_TAGS:
                     metrics |= {f"{stage}/task{task + 1}/{name}/{label}": v for label, v in zip(labels, values)}
                 metric.reset()
+        if metrics:  # plain numbers, one host sync: already equal on every rank (gathered or summed over ranks)
+            metrics = dict(zip(metrics, torch.stack([v.float() for v in metrics.values()]).tolist()))
         # Lightning's printed table of `lightning validate|test` holds only what self.log sends to
         # the loggers: outside fit, let it; inside fit, keep the samples axis
         own_axis = self.logs_on_samples and self.trainer.state.fn == "fit"

@@ -153,8 +153,10 @@ class MultiHeadStudent(MultiHeadModule):
         return (self.samples_seen if samples is None else samples) / self.d
 
     def preactivations(self, x: Tensor) -> Tensor:
-        """``lam = W x / sqrt d`` of every member: x (N, d) -> (E, N, p)."""
-        return x.to(self.W.dtype) @ self.W.transpose(-1, -2) / math.sqrt(self.d)
+        """``lam = W x / sqrt d`` of every member: x (N, d) -> (E, N, p) (each member's rows rounded alone)."""
+        E, p, d = self.W.shape
+        lam = _rows_times(self.W.reshape(E * p, d), x.to(self.W.dtype))  # (E p, N)
+        return lam.view(E, p, -1).transpose(-1, -2) / math.sqrt(self.d)
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every head: x (N, d) -> (E, N, n_tasks)."""
@@ -261,31 +263,33 @@ class MultiHeadStudent(MultiHeadModule):
         self._check_stream_position(batch, B)
         self.begin_task(task)
         Delta = self.sgd_steps(x.to(self.W.dtype), y, task)  # (S, B, E)
-        losses = 0.5 * Delta.pow(2).mean((0, 1))
-        check_finite(losses, step=self.samples_seen, labels=self.labels,
+        # each member's mean over its own contiguous row: the same bits whichever members share the tensor
+        losses = 0.5 * Delta.view(S * B, -1).T.contiguous().pow(2).mean(1)
+        everyone = self.across_ranks(losses)  # every member's, on every rank: all ranks stop together
+        check_finite(everyone, step=self.samples_seen, labels=self.labels,
                      hint=f"eta = {self.eta} is probably too large (online SGD needs eta of order 1 or less).")
         self.count_samples(S * B)
         self.optimizers().step()
-        self._log_training(losses, batch_idx)
+        self._log_training(everyone, batch_idx)
         self.end_of_task(task, int(batch["step"]) + S if "step" in batch else self.samples_seen // B)
         return {"member_loss": losses.detach()}
 
     def _log_training(self, losses: Tensor, batch_idx: int) -> None:
-        """The loss (and EWC penalty) to the loggers at ``samples_seen`` (TensorBoard's x-axis is the
-        SGD step; ``zoo.cli`` purges a resumed run's events after its checkpoint's), every
+        """Every member's loss ``losses`` (E,) (and EWC penalty) to the loggers at ``samples_seen``
+        (TensorBoard's x-axis is the SGD step; ``zoo.cli`` purges a resumed run's events after its checkpoint's), every
         ``log_every_n_steps`` batches and at the last; the progress bar shows the loss. Written to the
         loggers directly: ``self.log`` costs ~1 ms a key a batch, as much as a chunk of SGD."""
         self.log("loss", losses.mean(), prog_bar=True, logger=False)
         every, last = self.trainer.log_every_n_steps, self.trainer.num_training_batches
         if not self.trainer.loggers or (self.global_step % every and batch_idx + 1 < last):
             return
-        metrics = {"loss": losses.mean()}
-        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+        metrics, E = {"loss": losses.mean()}, self.n_members()
+        if 1 < E <= MAX_MEMBER_TAGS:
             metrics |= {f"loss/{lbl}": l for lbl, l in zip(self.labels, losses)}
         if self.ewc is not None and self.ewc.active:
-            pen = self.ewc.member_penalty({"W": self.W.detach()})
+            pen = self.across_ranks(self.ewc.member_penalty({"W": self.W.detach()}))
             metrics["ewc/penalty"] = pen.mean()
-            if 1 < self.ensemble <= MAX_MEMBER_TAGS:
+            if 1 < E <= MAX_MEMBER_TAGS:
                 metrics |= {f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)}
         for lg in self.trainer.loggers:
             lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
@@ -321,7 +325,9 @@ class MultiHeadStudent(MultiHeadModule):
         if mode == "empirical":
             delta = (self.activation(lam) * self.h[:, task, None, :]).sum(-1) - y.T  # (E, N)
             a = a * self.loss_grad(delta).unsqueeze(-1)
-        return torch.einsum("enp,nd->epd", a.pow(2), x.pow(2)) / (x.shape[0] * self.d)
+        E, N, p = a.shape
+        F = _rows_times(a.pow(2).transpose(1, 2).reshape(E * p, N), x.pow(2).T)  # sum_s a_s^2 x_s^2, (E p, d)
+        return F.view(E, p, -1) / (x.shape[0] * self.d)
 
     # -- evaluation (validation_step / test_step of zoo.multihead) -------------------------------------
     def eval_metrics(self) -> dict:
@@ -350,19 +356,26 @@ class MultiHeadStudent(MultiHeadModule):
         ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
         """
         S, B, d = x.shape
-        E = self.ensemble
-        W = self.W.data.view(E * self.p, d)
-        h = self.h.data[:, task].clone()  # (E, p) contiguous working copy of the active head
-        Xf, Yf = x.reshape(S * B, d), y.reshape(S * B, E)
-        Delta = torch.empty(S * B, E, dtype=x.dtype, device=x.device)
+        E, p = self.ensemble, self.p
+        # zero members up to a multiple of VECTOR_ROWS units: every elementwise op of a step then runs
+        # on whole SIMD vectors, never on a scalar tail that rounds erf/exp differently, so a member
+        # trains to the same bits whichever members share its process (zoo.distributed). A zero member
+        # (W = 0, h = 0) has Delta = 0 and stays zero.
+        E_pad = -(-E // (m := VECTOR_ROWS // math.gcd(VECTOR_ROWS, p))) * m
+        W = _padded(self.W.data.view(E * p, d), E_pad * p)
+        h = _padded(self.h.data[:, task], E_pad).clone()  # (E_pad, p) contiguous working copy of the active head
+        Xf, Yf = x.reshape(S * B, d), _padded(y.reshape(S * B, E).T, E_pad).T
+        Delta = torch.empty(S * B, E_pad, dtype=x.dtype, device=x.device)
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
         if (self.ewc is not None and self.ewc.active) or self.custom_update:
             block = self._stepwise_block
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
-        self.h.data[:, task] = h
-        return Delta.view(S, B, E)
+        if E_pad > E:
+            self.W.data.view(E * p, d).copy_(W[: E * p])
+        self.h.data[:, task] = h[:E]
+        return Delta[:, :E].reshape(S, B, E)
 
     def _constants(self, B: int) -> tuple[float, float, float, float]:
         """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``."""
@@ -377,10 +390,10 @@ class MultiHeadStudent(MultiHeadModule):
         rows of the later samples take the rank-one correction ``-c K[:, j] g_j^T``, so row ``j``
         is exact when it is read. Every per-step tensor is a view made once per block (unbind).
         """
-        E, p, act, d = self.ensemble, self.p, self.activation_name, self.d
+        E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(1)
         n = Xb.shape[0]
-        U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, E p)
+        U = _rows_times(W, Xb).T.contiguous().mul_(kappa / math.sqrt(d))  # (n, E p)
         K = Xb @ Xb.T
         Gb = torch.empty(n, E * p, dtype=Xb.dtype, device=Xb.device)
         u_rows, k_rows, g_rows, g_mats = U.unbind(0), K.unbind(0), Gb.unbind(0), Gb.view(n, E, p).unbind(0)
@@ -400,30 +413,30 @@ class MultiHeadStudent(MultiHeadModule):
             gE.mul_(dl)
             h.addcmul_(fE, dl, value=-c_head)
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
-        W.addmm_(Gb.T, Xb, alpha=-c_W)
+        _add_rows_times(W, Gb.T, Xb, -c_W)
 
     def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
         ``loss_grad(Delta)``): the generic path. With EWC on, ``W`` also decays towards its anchor,
         ``W <- W - eta xi F (W - W*)``, which is not rank one, so there is no blocking."""
-        E, p, d = self.ensemble, self.p, self.d
+        E, p, d = h.shape[0], self.p, self.d
         c_head, c_W = self.eta / (d * B), self.eta / (math.sqrt(d) * B)
         penalised = self.ewc is not None and self.ewc.active
-        if penalised:
-            F = self.ewc.fisher("W").view(E * p, d)
-            W_star = self.ewc.anchor("W").view(E * p, d)
+        if penalised:  # padded like W (sgd_steps): zero Fisher and anchor for the zero members
+            F = _padded(self.ewc.fisher("W").view(-1, d), E * p)
+            W_star = _padded(self.ewc.anchor("W").view(-1, d), E * p)
             xi = self.ewc.xi
-            c_pen = self.eta * (xi if isinstance(xi, float) else xi.to(W).repeat_interleave(p)[:, None])
+            c_pen = self.eta * (xi if isinstance(xi, float) else _padded(xi.to(W).repeat_interleave(p)[:, None], E * p))
             pull = torch.empty_like(W)
         for j in range(0, Xb.shape[0], B):
             x = Xb[j:j + B]
-            lam = (x @ W.T).mul_(1.0 / math.sqrt(d)).view(B, E, p)
+            lam = _rows_times(W, x).T.contiguous().mul_(1.0 / math.sqrt(d)).view(B, E, p)
             f = self.activation(lam)
             torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
             g = self.loss_grad(Db[j:j + B]).unsqueeze(-1)  # (B, E, 1)
             if penalised:
                 torch.sub(W, W_star, out=pull).mul_(F).mul_(c_pen)
-            W.addmm_((g * h * self.activation_grad(lam)).view(B, E * p).T, x, alpha=-c_W)
+            _add_rows_times(W, (g * h * self.activation_grad(lam)).view(B, E * p).T, x, -c_W)
             if penalised:
                 W.sub_(pull)
             h.sub_((g * f).sum(0), alpha=c_head)
@@ -433,14 +446,14 @@ class MultiHeadStudent(MultiHeadModule):
 
         ``u_j = u_j(W_0) - c K[j, :j] G[:j]``: the corrections of the earlier steps of the block.
         """
-        E, p, act, d = self.ensemble, self.p, self.activation_name, self.d
+        E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(B)
         n = Xb.shape[0]
-        U = (Xb @ W.T).mul_(kappa / math.sqrt(d))  # (n, E p)
+        U = _rows_times(W, Xb).T.contiguous().mul_(kappa / math.sqrt(d))  # (n, E p)
         K = Xb @ Xb.T
         Gb = torch.zeros(n, E * p, dtype=Xb.dtype, device=Xb.device)
         for j in range(0, n, B):
-            u = torch.addmm(U[j:j + B], K[j:j + B, :j], Gb[:j], alpha=-c_u).view(B, E, p)
+            u = U[j:j + B].sub(_rows_times(Gb[:j].T, K[j:j + B, :j]).T, alpha=c_u).view(B, E, p)
             f = _phi_u(act, u)
             torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
             dl = Db[j:j + B].unsqueeze(-1)
@@ -450,7 +463,7 @@ class MultiHeadStudent(MultiHeadModule):
             if df is not None:
                 g.mul_(df)
             h.sub_((dl * f).sum(0), alpha=c_head)
-        W.addmm_(Gb.T, Xb, alpha=-c_W)
+        _add_rows_times(W, Gb.T, Xb, -c_W)
 
     def mean_field(self, W_teachers: Tensor, teacher_heads: Tensor, alpha_switch: list[float], alpha_end: float,
                    d_alpha: float = 0.01, record_at: tuple[float, ...] = (), record_every: float | None = None,
@@ -465,3 +478,31 @@ class MultiHeadStudent(MultiHeadModule):
             *self.order_parameters(W_teachers, initial=True), self.h_init, self.member_teacher_heads(teacher_heads),
             activation=self.activation_name, eta=self.eta, alpha_switch=alpha_switch, alpha_end=alpha_end, d_alpha=d_alpha,
             record_at=record_at, record_every=record_every, members=members)
+
+
+
+# BLAS rounds each row of a matrix product alone, the same bits whichever rows share the product,
+# once there are MIN_ROWS rows or more and the other factor has two rows or more; smaller products
+# take other paths. The helpers below pad to that size, so that a member (its p rows of W) trains to
+# the same bits whichever members it shares a process with (zoo.distributed).
+MIN_ROWS = 4
+VECTOR_ROWS = 64
+"""``sgd_steps`` pads the units of the ensemble (rows of W) to a multiple of this: whole AVX-512 vectors, twice."""
+
+
+def _padded(A: Tensor, rows: int) -> Tensor:
+    return A if A.shape[0] >= rows else torch.cat([A, A.new_zeros(rows - A.shape[0], *A.shape[1:])])
+
+
+def _rows_times(A: Tensor, X: Tensor) -> Tensor:
+    """``A X^T``, (rows of A, rows of X), each row of ``A`` (a member's unit) rounded alone."""
+    return (_padded(A, MIN_ROWS) @ _padded(X, 2).T)[: A.shape[0], : X.shape[0]]
+
+
+def _add_rows_times(W: Tensor, A: Tensor, X: Tensor, alpha: float) -> None:
+    """``W += alpha A X`` in place, each row of ``W`` rounded alone (``A`` (rows, n), ``X`` (n, d))."""
+    if W.shape[0] >= MIN_ROWS:
+        W.addmm_(A, X, alpha=alpha)
+        return
+    Wp = _padded(W, MIN_ROWS)
+    W.copy_(Wp.addmm_(_padded(A, MIN_ROWS), X, alpha=alpha)[: W.shape[0]])
