@@ -3,23 +3,21 @@ a teacher-student ensemble through its task switch (EWC anchors, forgetting tabl
 the MNIST classifier ensemble train member-parallel to the same bits as one process; a single
 classifier trains data-parallel to the one-process run within float rounding.
 
-Each run is the CLI as a user starts it; the two-process one in a subprocess under Lightning's
-launcher, the reference in this process, both with one torch thread (a reduction split over
+Each run is the CLI as a user starts it; the two-process one as two simulated nodes forked from this
+process (tests/helpers_ddp.run_forked; the quickstart's test in test_ddp_linear.py goes through
+Lightning's own launcher), the reference in this process, both with one torch thread (a reduction split over
 another number of threads rounds differently).
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from datamodules import MNISTContinual, TeacherStudent
-from resume_harness import REPO, assert_same_run, fit, scalars, weights
+from helpers_ddp import fit_one, run_forked
+from resume_harness import REPO, assert_same_run, scalars, weights
 from tests.helpers_mnist import tiny_mnist
 from zoo import MultiHeadClassifier, MultiHeadStudent
 from zoo.ewc import EWC
@@ -57,35 +55,6 @@ ONE_MEMBER = ["--model.init_args.init_heads.init_args.gamma=0.0", "--model.init_
               "--model.init_args.seed=0", "--data.init_args.shared=[2]", "--trainer.callbacks=[]"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_cli(folder: Path, *args: str, devices: int = 2) -> Path:
-    """``python -m zoo fit`` on ``devices`` CPU processes (Lightning's launcher starts the others);
-    asserts exit code 0; returns the run folder."""
-    folder.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
-    env |= {"PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    done = subprocess.run([sys.executable, "-m", "zoo", "fit", *args, "--trainer.accelerator=cpu", "--trainer.strategy=ddp",
-                           f"--trainer.devices={devices}", "--trainer.enable_progress_bar=false"],
-                          cwd=folder, env=env, capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-4000:]
-    return folder / "lightning_logs" / "version_0"
-
-
-def _one_process(folder: Path, *args: str) -> Path:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return fit(folder, *args, "--trainer.accelerator=cpu", "--trainer.devices=1")
-    finally:
-        torch.set_num_threads(before)
-
-
 def _files(run: Path) -> list[str]:
     """The run folder's files (an event file by its folder: its name holds the time and process id)."""
     return sorted(str(p.relative_to(run).parent / "events") if p.name.startswith("events.out") else str(p.relative_to(run))
@@ -95,7 +64,7 @@ def _files(run: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def student_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp_student")
-    return _one_process(root / "one", *STUDENT), _run_cli(root / "two", *STUDENT)
+    return fit_one(root / "one", *STUDENT), run_forked(root / "two", *STUDENT)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +90,7 @@ def test_student_ensemble_across_the_switch_equals_one_process(student_runs):
 def classifier_runs(tmp_path_factory, mnist):
     root = tmp_path_factory.mktemp("ddp_classifier")
     args = classifier(mnist)
-    return _one_process(root / "one", *args), _run_cli(root / "two", *args)
+    return fit_one(root / "one", *args), run_forked(root / "two", *args)
 
 
 @pytest.mark.slow
@@ -138,7 +107,7 @@ def test_classifier_ensemble_equals_one_process(classifier_runs):
 @pytest.mark.slow
 def test_one_classifier_trains_data_parallel_like_one_process(tmp_path, mnist):
     args = classifier(mnist, *ONE_MEMBER)
-    one, two = _one_process(tmp_path / "one", *args), _run_cli(tmp_path / "two", *args)
+    one, two = fit_one(tmp_path / "one", *args), run_forked(tmp_path / "two", *args)
     wa, wb = weights(one), weights(two)
     assert wa["W"].shape[0] == 1
     # each process takes 4 of the 8 samples of a batch; DDP averages the two half-batch mean gradients,
