@@ -409,6 +409,13 @@ class MNISTContinual(pl.LightningDataModule):
         """The test images of ``task`` (MNIST's test split, file order) and their labels 0..4:
         x (N, 784), y (N,); with several sets x (G, N, 784), y (G, N), N the same for all."""
         self._check_task(task, "test_set")
+        # the same tensors on every call: evaluated again and again, they are copied to a model's device once
+        cache: dict[int, tuple[Tensor, Tensor]] = self.__dict__.setdefault("_test_sets", {})
+        if task not in cache:
+            cache[task] = self._test_set(task)
+        return cache[task]
+
+    def _test_set(self, task: int) -> tuple[Tensor, Tensor]:
         d = self._load()
         per_set = [d["index"]["test", s, task] for s in range(self.data_sets)]
         N = min(i.numel() for i, _ in per_set)

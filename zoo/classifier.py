@@ -119,7 +119,7 @@ class MultiHeadClassifier(MultiHeadModule):
 
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:
         """Logits of head ``task`` (default: the active one): x (B, n_in) or (G, B, n_in) -> (E, B, C)."""
-        t = int(self.task) if task is None else task
+        t = self.task_index if task is None else task
         hidden = self.activation(self.preactivations(self.member_inputs(x)))
         return torch.bmm(hidden, self.heads[:, t].transpose(1, 2))
 
@@ -159,7 +159,7 @@ class MultiHeadClassifier(MultiHeadModule):
         errors = []
         for t in range(self.n_tasks):
             x, y = datamodule.test_set(t)
-            errors.append(1 - self.accuracy(x.to(self.W.device), y, t))
+            errors.append(1 - self.accuracy(self.kept_on_device(x), self.kept_on_device(y), t))
         return torch.stack(errors, -1).double().cpu()
 
     @torch.no_grad()
@@ -228,7 +228,7 @@ class MultiHeadClassifier(MultiHeadModule):
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self.end_of_task(int(self.task), self.global_step + 1)  # global_step counts this update after the hook
+        self.end_of_task(self.task_index, self.global_step + 1)  # global_step counts this update after the hook
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD([self.W, self.heads], lr=self.lr)

@@ -68,6 +68,10 @@ class EWC:
         return task in self.tasks if self.tasks is not None else task < n_tasks - 1
 
 
+def _count_from_buffer(module: "EWCState", incompatible_keys) -> None:
+    module.n_consolidated = int(module.consolidations)
+
+
 def _key(name: str) -> str:
     return name.replace(".", "__")
 
@@ -87,6 +91,9 @@ class EWCState(nn.Module):
             self.register_buffer(f"anchor__{_key(name)}", torch.zeros(shape))
             self.register_buffer(f"fisher__{_key(name)}", torch.zeros(shape))
         self.register_buffer("consolidations", torch.tensor(0))
+        # a host copy of the count: `active` is read at every step, and reading a GPU buffer waits for the GPU
+        self.n_consolidated = 0
+        self.register_load_state_dict_post_hook(_count_from_buffer)
 
     @property
     def xi(self) -> float | Tensor:
@@ -108,8 +115,8 @@ class EWCState(nn.Module):
     @property
     def active(self) -> bool:
         """True once a task was consolidated and some ``xi > 0``: the penalty is on."""
-        xi = self.xi
-        return int(self.consolidations) > 0 and bool((torch.as_tensor(xi) > 0).any())
+        x = self.config.xi
+        return self.n_consolidated > 0 and any(float(v) > 0 for v in (x if isinstance(x, (list, tuple)) else [x]))
 
     def anchor(self, name: str) -> Tensor:
         return getattr(self, f"anchor__{_key(name)}")
@@ -126,10 +133,11 @@ class EWCState(nn.Module):
         g = self.config.decay
         for n in self.names:
             F = self.fisher(n)
-            F.mul_(0.0 if int(self.consolidations) == 0 else (1.0 if g is None else g))
+            F.mul_(0.0 if self.n_consolidated == 0 else (1.0 if g is None else g))
             F.add_(fisher[n].detach().to(F))
             self.anchor(n).copy_(params[n].detach())
         self.consolidations += 1
+        self.n_consolidated += 1
 
     def penalty(self, params: dict[str, Tensor]) -> Tensor:
         """``xi/2 sum F (W - W*)^2`` over the protected parameters (differentiable; 0 if inactive)."""

@@ -134,6 +134,10 @@ def _this_process_only() -> bool:
     return False
 
 
+def _task_from_buffer(module: "MultiHeadModule", incompatible_keys) -> None:
+    module.task_index = int(module.task)
+
+
 class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
     """Base of ``MultiHeadStudent`` and ``MultiHeadClassifier``: members, replication over data sets,
     EWC at the switch, the override points, per-task ``validation_step``/``test_step``.
@@ -174,6 +178,9 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         self.init_params = member_params(members.schemes, members.E, members.seeds, members.xis)
         self.sets: list[dict] = [{"set": g} for g in range(self.G)]
         self.register_buffer("task", torch.tensor(0))
+        # the task on the host: read at every step, and reading the (GPU) buffer would wait for the GPU
+        self.task_index = 0
+        self.register_load_state_dict_post_hook(_task_from_buffer)
         self.ewc_config = ewc
         W, heads = multi_head_weights(members, n_tasks, w_shape, head_shape)
         return W.float().repeat_interleave(self.G, 0), heads.float().repeat_interleave(self.G, 0)
@@ -252,6 +259,29 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         trainer = attached_trainer(self)
         return (trainer is not None and trainer.world_size > 1 and not is_sharded(self)
                 and dist.is_available() and dist.is_initialized())
+
+    def kept_on_device(self, t: Tensor) -> Tensor:
+        """``t`` on this module's device, copied there once: a test set that the forgetting
+        callbacks evaluate again and again is not sent to the accelerator each time (keyed by the
+        tensor object; the datamodules hand out the same test-set tensors on every call)."""
+        device = self.W.device
+        if t.device == device:
+            return t
+        copies: list[tuple[Tensor, Tensor]] = self.__dict__.setdefault("_device_copies", [])
+        hit = next((c for src, c in copies if src is t and c.device == device), None)
+        if hit is None:
+            hit = t.to(device)
+            copies.append((t, hit))
+            del copies[:-2 * self.n_tasks]  # bounded: one x and one y per task
+        return hit
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """The batch's task and SGD-step numbers as Python ints while they are still on the host:
+        they are read at every step, and reading them from the device would wait for it."""
+        if isinstance(batch, dict):
+            return {k: int(v) if k in ("task", "step") and isinstance(v, Tensor) and v.numel() == 1 else v
+                    for k, v in batch.items()}
+        return batch
 
     def rank_part(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Data-parallel: this rank's contiguous part of the samples of ``batch`` (``x`` (..., N, n),
@@ -400,16 +430,17 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         """At a training batch of ``task``: switch if it is a new one (a datamodule without
         ``task_at`` switches here, at the new task's first step) and, before the first step on an
         EWC penalty, check that SGD is stable on it."""
-        if task == int(self.task):
+        if task == self.task_index:
             return
-        if self._task_ended != int(self.task):
+        if self._task_ended != self.task_index:
             self._switch_step = self.global_step
-            self.on_task_switch(int(self.task), task)
+            self.on_task_switch(self.task_index, task)
         if self.ewc is not None and self.ewc.active:
             with all_members(self):  # every rank decides on every member: all raise, or none
                 self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__,
                                          self.step_size_name)
         self.task.fill_(task)
+        self.task_index = task
 
     logs_on_samples = False
     """True: the module logs at ``samples_seen`` (Lightning's ``step`` key) instead of ``global_step``."""

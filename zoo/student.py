@@ -193,7 +193,7 @@ class MultiHeadStudent(MultiHeadModule):
 
     def active_head(self) -> Tensor:
         """The head of the task being trained, (E, p)."""
-        return self.h.detach()[:, int(self.task)]
+        return self.h.detach()[:, self.task_index]
 
     def entropies(self) -> dict[str, Tensor]:
         """``H_h``, ``H_Q``, ``H_m`` ([S] Eq. 10) of the active head and ``Q``, each (E,)."""
@@ -208,8 +208,8 @@ class MultiHeadStudent(MultiHeadModule):
         ``x`` (N, d), ``y`` (N, n_tasks, G) as from ``TeacherStudent.test_set()``.
         """
         with torch.no_grad():
-            y_hat = self(x.to(self.W.device))  # (E, N, n_tasks)
-            target = y.to(y_hat).permute(2, 0, 1)[self.teacher_index % y.shape[-1]]
+            y_hat = self(self.kept_on_device(x))  # (E, N, n_tasks)
+            target = self.kept_on_device(y).to(y_hat).permute(2, 0, 1)[self.teacher_index % y.shape[-1]]
             return 0.5 * (y_hat - target).pow(2).mean(1)
 
     def theory_error(self, W_teachers: Tensor, teacher_heads: Tensor, initial: bool = False) -> Tensor:
