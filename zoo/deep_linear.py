@@ -25,14 +25,13 @@ then trains by autograd.
 Across processes (``--trainer.devices=N --trainer.strategy=ddp``, ``zoo.distributed``) an
 ensemble is member-parallel: each rank trains members ``lo:hi`` on the whole data; the losses
 and errors are gathered so that rank 0 logs every member, and callbacks see every member
-(:meth:`DeepLinearNet.members_gathered`). One member alone trains data-parallel, its gradients
+(:meth:`DeepLinearNet.show_all_members`). One member alone trains data-parallel, its gradients
 averaged over the ranks.
 """
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -123,7 +122,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def member_tensor_names(self) -> list[str]:
         """The layers and their initial values; ``balance0`` has the member axis second and is
-        sliced and gathered by :meth:`keep_members` / :meth:`members_gathered`."""
+        sliced and gathered by :meth:`keep_members` / :meth:`show_all_members`."""
         return [f"W.{i}" for i in range(len(self.W))] + [f"W{i}_init" for i in range(len(self.W))]
 
     def keep_members(self, lo: int, hi: int) -> None:
@@ -132,24 +131,17 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         # each rank's errors are its own members': computed locally, then gathered (_log_mse)
         self.val_mse, self.test_mse = self._mse_metrics(hi - lo, sync=False)
 
-    @contextmanager
-    def members_gathered(self) -> Iterator[None]:
-        if self.member_range is None:
-            yield
-            return
+    def show_all_members(self) -> Callable[[], None]:
         local = self.balance0
         self.balance0 = self._all_balance0(local)
-        try:
-            with super().members_gathered():
-                yield
-        finally:
-            self.balance0 = local
+        back = super().show_all_members()
 
-    def all_members_back(self) -> None:
-        if self.member_range is None:
-            return
-        self.balance0 = self._all_balance0(self.balance0)
-        super().all_members_back()
+        def restore() -> None:
+            back()
+            self.balance0 = local
+        return restore
+
+    def on_all_members_back(self) -> None:
         self.val_mse, self.test_mse = self._mse_metrics(self.ensemble)
 
     def _all_balance0(self, local: Tensor) -> Tensor:

@@ -26,11 +26,11 @@ Every function here that communicates is a collective: call it on every rank, ne
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 STRATEGY_NAME = "ddp"
 
@@ -117,35 +117,46 @@ class MemberParallel:
             t.data = t.data[lo:hi].clone()
         self.member_range = (lo, hi, E)
 
-    @contextmanager
-    def members_gathered(self) -> Iterator[None]:
-        """Inside: every member's tensors on this module, on every rank (a collective on entry).
-        Outside again: this rank's slice, unchanged. Nothing may train inside."""
-        if self.member_range is None:
-            yield
-            return
-        lo, hi, E = self.member_range
+    def show_all_members(self) -> Callable[[], None]:
+        """Put every member's state on this module, on every rank (a collective), and return the
+        function that puts this rank's slice back. The override point for per-member state that is
+        not a sliced tensor: extend it, and chain the function ``super()`` returned."""
+        E = self.member_range[2]
         tensors = self._member_tensors()
         local = {k: t.data for k, t in tensors.items()}
         for t in tensors.values():
             t.data = gather_members(t.data, E)
+
+        def back() -> None:
+            for k, t in tensors.items():
+                t.data = local[k]
+        return back
+
+    def on_all_members_back(self) -> None:
+        """After :meth:`all_members_back`: rebuild what was sized for this rank's slice (metrics)."""
+
+    @contextmanager
+    def members_gathered(self) -> Iterator[None]:
+        """Inside: every member on this module, on every rank (a collective on entry). Outside
+        again: this rank's slice, unchanged. Nothing may train inside."""
+        if self.member_range is None:
+            yield
+            return
+        back, saved = self.show_all_members(), self.member_range
         self.member_range = None
         try:
             yield
         finally:
-            for k, t in tensors.items():
-                t.data = local[k]
-            self.member_range = (lo, hi, E)
-
+            self.member_range = saved
+            back()
 
     def all_members_back(self) -> None:
         """End the sharding: every rank holds all members again (a collective)."""
         if self.member_range is None:
             return
-        E = self.member_range[2]
-        for t in self._member_tensors().values():
-            t.data = gather_members(t.data, E)
+        self.show_all_members()  # and the slice is not put back
         self.member_range = None
+        self.on_all_members_back()
 
 
 def is_sharded(module: Any) -> bool:

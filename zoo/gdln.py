@@ -803,17 +803,17 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
         super().keep_members(lo, hi)
         self._share_range()
 
-    @contextmanager
-    def members_gathered(self):
-        try:
-            with super().members_gathered():
-                self._share_range()
-                yield
-        finally:
-            self._share_range()
+    def show_all_members(self) -> Callable[[], None]:
+        back = super().show_all_members()
+        for m in self.models:
+            m.member_range = None
 
-    def all_members_back(self) -> None:
-        super().all_members_back()
+        def restore() -> None:
+            back()
+            self._share_range()
+        return restore
+
+    def on_all_members_back(self) -> None:
         self._share_range()
 
     def networks(self) -> dict[str, FullBatchNet]:

@@ -17,8 +17,7 @@ All of it is a collective: every rank calls it (the strategy's checkpoint and te
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -62,23 +61,9 @@ class ModuleMembers(MemberParallel):
                 if isinstance(t, Tensor):
                     dist.broadcast(t.data, src=owner)
 
-    @contextmanager
-    def members_gathered(self) -> Iterator[None]:
-        if self.member_range is None:
-            yield
-            return
+    def show_all_members(self) -> Callable[[], None]:
         self._broadcast_members()
-        saved, self.member_range = self.member_range, None
-        try:
-            yield
-        finally:
-            self.member_range = saved
-
-    def all_members_back(self) -> None:
-        if self.member_range is None:
-            return
-        self._broadcast_members()
-        self.member_range = None
+        return lambda: None  # the other members' copies stay: harmless, refreshed at the next gather
 
     # -- the optimizer's state --------------------------------------------------------------------------
     def track_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -25,9 +25,8 @@ per-sample loss with respect to the readout). The built-in activations are named
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import asdict, replace
-from typing import Iterator
+from typing import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -224,22 +223,16 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         if self.ewc is not None and isinstance(self.ewc.config.xi, (list, tuple)):
             self.ewc.config = replace(self.ewc.config, xi=list(self.ewc.config.xi[lo:hi]))
 
-    @contextmanager
-    def members_gathered(self) -> Iterator[None]:
-        sharded = self.ewc is not None and is_sharded(self)
-        with super().members_gathered():
-            if sharded:
-                local, self.ewc.config = self.ewc.config, self._ewc_config_all
-            try:
-                yield
-            finally:
-                if sharded:
-                    self.ewc.config = local
+    def show_all_members(self) -> Callable[[], None]:
+        back = super().show_all_members()
+        if self.ewc is None:
+            return back
+        local, self.ewc.config = self.ewc.config, self._ewc_config_all
 
-    def all_members_back(self) -> None:
-        if self.ewc is not None and is_sharded(self):
-            self.ewc.config = self._ewc_config_all
-        super().all_members_back()
+        def restore() -> None:
+            back()
+            self.ewc.config = local
+        return restore
 
     def across_ranks(self, values: Tensor) -> Tensor:
         """Per-member values computed here -> the whole run's, equal on every rank (a collective

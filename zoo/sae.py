@@ -144,10 +144,8 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         # every rank evaluates its members on the same batches: a sum over ranks would double count
         self.eval_metrics = self._eval_metrics(hi - lo, sync=False)
 
-    def all_members_back(self) -> None:
-        if self.member_range is not None:
-            super().all_members_back()
-            self.eval_metrics = self._eval_metrics(self.ensemble, sync=True)
+    def on_all_members_back(self) -> None:
+        self.eval_metrics = self._eval_metrics(self.ensemble, sync=True)
 
     def hidden(self, x: Tensor) -> Tensor:
         """Hidden activity ``relu(W_enc x + b_enc)`` of every member: x (B, d) -> (E, B, n)."""

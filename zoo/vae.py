@@ -603,10 +603,8 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         # every rank evaluates its members on the same batches: a sum over ranks would double count
         self._local_metrics(hi - lo, sync=False)
 
-    def all_members_back(self) -> None:
-        if self.member_range is not None:
-            super().all_members_back()
-            self._local_metrics(len(self.members), sync=True)
+    def on_all_members_back(self) -> None:
+        self._local_metrics(len(self.members), sync=True)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]
