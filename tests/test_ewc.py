@@ -11,17 +11,11 @@ from datamodules import TeacherStudent
 from zoo import MultiHeadStudent
 from zoo.ewc import EWC, EWCState
 from zoo.init import Gaussian, Polar
+from helpers_trainer import trainer
 from zoo.student import phi
 
 # tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def trainer(**kw) -> pl.Trainer:
-    opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, accelerator="cpu", devices=1)
-    opts.update(kw)
-    return pl.Trainer(**opts)
 
 
 def test_penalty_is_zero_at_the_anchor_positive_elsewhere_and_has_gradient_xi_F_diff():

@@ -10,18 +10,12 @@ import torch
 from datamodules import TeacherStudent
 from zoo import DivergenceError, MultiHeadStudent
 from zoo.init import Gaussian, Polar
+from helpers_trainer import trainer
 from zoo.student import phi
 from zoo.theory.meanfield import integrate
 
 # tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def trainer(**kw) -> pl.Trainer:
-    opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, accelerator="cpu", devices=1)
-    opts.update(kw)
-    return pl.Trainer(**opts)
 
 
 def plain_sgd(W, h, X, Y, task, eta, activation):
