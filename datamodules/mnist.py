@@ -34,8 +34,8 @@ task 1; task 1's digits and the kept ones are untouched), in training, test and 
 alike: ``f = 1`` makes the new digits share no spatial structure with task 1's (as in permuted
 MNIST), so ``k = 0`` is also dissimilar in input, like orthogonal teachers in [S] Fig. 6.
 
-**Batches** are dicts ``{"x": (B, 784) float32, "y": (B,) int64 in 0..4, "task": () int64,
-"step": () int64}`` (``x`` (G, B, 784), ``y`` (G, B) with several sets): one SGD step each, the
+**Batches** are dicts ``{"x": (B, 784) float32, "y": (B,) int64 in 0..4, "task": int,
+"step": int}`` (``x`` (G, B, 784), ``y`` (G, B) with several sets): one SGD step each, the
 task index saying which head to train (what a two-layer network with one head per task needs).
 The schedule trains task 1 for ``epochs[0]`` passes over task 1's training images, then task 2
 for ``epochs[1]`` (``steps`` gives step counts directly); both are counted in steps of task 1's
@@ -386,7 +386,7 @@ class MNISTContinual(pl.LightningDataModule):
             parts = [self._stream(task, s, local * B, B) for s in range(G)]
             x = torch.stack([self._pixels(p[0]) for p in parts]) if G > 1 else self._pixels(parts[0][0])
             y = torch.stack([p[1] for p in parts]) if G > 1 else parts[0][1]
-        return {"x": x, "y": y, "task": torch.tensor(task), "step": torch.tensor(step)}
+        return {"x": x, "y": y, "task": task, "step": step}  # ints: read on the host at every step
 
     def stream_fingerprint(self) -> dict:
         """What decides the batches of the stream: a checkpoint saved with other values cannot be
@@ -455,7 +455,7 @@ class MNISTContinual(pl.LightningDataModule):
             x, y = self.test_set(task)
             for a in range(0, y.shape[-1], self.eval_batch_size):
                 batches.append({"x": x[..., a:a + self.eval_batch_size, :], "y": y[..., a:a + self.eval_batch_size],
-                                "task": torch.tensor(task)})
+                                "task": task})
         return DataLoader(batches, batch_size=None)
 
     def val_dataloader(self) -> DataLoader:

@@ -17,7 +17,7 @@ set's labels. ``zoo.MultiHeadStudent`` replicates each of its initialisations on
 ([S] Fig. 6) is one run.
 
 Batches are chunks of ``steps_per_batch`` SGD steps of ``batch_size`` samples each (online SGD:
-``batch_size = 1``), as a dict ``{"x": (S, B, d), "y": (S, B, G), "task": ()}`` with the labels
+``batch_size = 1``), as a dict ``{"x": (S, B, d), "y": (S, B, G), "task": int, "step": int}`` with the labels
 of the active task. A chunk never straddles a task switch, and chunk ``k`` is drawn from its
 own seed, so the stream is the same however the run is split. One epoch is the whole schedule:
 train with ``max_epochs: 1``. The loader is stateful (``datamodules.resumable.ScheduleLoader``):
@@ -27,7 +27,7 @@ exactly; a checkpoint of another schedule (seed, sizes, switches) is refused. Li
 samples (``samples_seen``).
 
 **Evaluation.** ``val_dataloader`` and ``test_dataloader`` give one batch per task,
-``{"x": (num_test, d), "y": (num_test, G), "task": ()}`` with noiseless labels: the test set is
+``{"x": (num_test, d), "y": (num_test, G), "task": int}`` with noiseless labels: the test set is
 ``test_set()`` (what ``task_errors(source="mc")`` uses), the validation set another held-out
 draw of the same size from its own seed; neither touches the training stream.
 """
@@ -229,7 +229,7 @@ class TeacherStudent(pl.LightningDataModule):
         return sum(step >= s for s in self.switch_steps)
 
     def chunk(self, k: int) -> dict[str, Tensor]:
-        """Chunk ``k`` of the stream: ``{"x": (S, B, d), "y": (S, B, G), "task": ()}``."""
+        """Chunk ``k`` of the stream: ``{"x": (S, B, d), "y": (S, B, G), "task": int, "step": int}``."""
         first, S, task = self.chunks[k]
         g = torch.Generator().manual_seed(_chunk_seed(self.seed, k))
         B, d = self.batch_size, self.d
@@ -242,7 +242,7 @@ class TeacherStudent(pl.LightningDataModule):
             x, y = X[idx], Y[idx, task]
         if self.noise_std > 0:
             y = y + self.noise_std * torch.randn(y.shape, generator=g)
-        return {"x": x, "y": y, "task": torch.tensor(task), "step": torch.tensor(first)}
+        return {"x": x, "y": y, "task": task, "step": first}  # ints: read on the host at every step
 
     def _train_pool(self) -> tuple[Tensor, Tensor]:
         if self._pool is None:
@@ -282,7 +282,7 @@ class TeacherStudent(pl.LightningDataModule):
         return self._test
 
     def _per_task(self, X: Tensor, Y: Tensor) -> DataLoader:
-        return DataLoader([{"x": X, "y": Y[:, t], "task": torch.tensor(t)} for t in range(self.n_tasks)], batch_size=None)
+        return DataLoader([{"x": X, "y": Y[:, t], "task": t} for t in range(self.n_tasks)], batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
         return self._per_task(*self._held_out(-(10**6)))  # a key no chunk, pool or Fisher sample uses

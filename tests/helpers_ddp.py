@@ -15,12 +15,13 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from resume_harness import REPO, assert_same_run, fit, scalars, weights
 
-__all__ = ["run_ddp", "run_nodes", "run_forked", "fit_one", "written_files", "assert_one_set", "assert_same_results",
+__all__ = ["run_ddp", "start_ddp", "run_nodes", "run_forked", "fit_one", "written_files", "assert_one_set", "assert_same_results",
            "assert_close_results", "free_port", "weights", "scalars"]
 
 DDP = ("--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false")
@@ -55,15 +56,26 @@ def _check(procs: list[subprocess.Popen], timeout: float) -> None:
     assert not errors, "\n".join(errors)
 
 
+def start_ddp(folder: Path, *args: str, devices: int = 2, timeout: float = 240.0) -> Callable[[], Path]:
+    """:func:`run_ddp` started in the background (its processes start while this one works on,
+    e.g. on the reference run); returns the function that waits for it, asserts exit code 0 and
+    returns the run folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "zoo", "fit", *args, *DDP, f"--trainer.devices={devices}"]
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def finish() -> Path:
+        _check([proc], timeout)
+        return folder / "lightning_logs" / "version_0"
+    return finish
+
+
 def run_ddp(folder: Path, *args: str, devices: int = 2, timeout: float = 240.0) -> Path:
     """``python -m zoo fit *args`` with ``devices`` CPU processes (``--trainer.strategy=ddp``,
     Lightning's launcher starts the other ranks) in ``folder``; asserts exit code 0 and returns the
     run folder ``folder/lightning_logs/version_0``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "zoo", "fit", *args, *DDP, f"--trainer.devices={devices}"]
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    _check([subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)], timeout)
-    return folder / "lightning_logs" / "version_0"
+    return start_ddp(folder, *args, devices=devices, timeout=timeout)()
 
 
 def run_nodes(folder: Path, *args: str, nodes: int = 2, timeout: float = 240.0) -> Path:

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 import torch
-from helpers_ddp import assert_one_set, assert_same_results, fit_one, run_ddp, run_forked
+from helpers_ddp import assert_one_set, assert_same_results, fit_one, run_forked, start_ddp
 from resume_harness import REPO, assert_same_run, checkpoint_step
 
 from zoo.distributed import member_bounds
@@ -85,11 +85,11 @@ def test_a_slice_of_members_computes_their_bits(dims, one_thread):
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
     """The quickstart stopped at step 50 by 1 process and by 2, and the uninterrupted 100 steps by 1."""
-    one = fit_one(tmp_path_factory.mktemp("one"), *QUICKSTART, "--trainer.max_steps=50")
     two_folder = tmp_path_factory.mktemp("two")
-    two = run_ddp(two_folder, *QUICKSTART, "--trainer.max_steps=50")
+    finish = start_ddp(two_folder, *QUICKSTART, "--trainer.max_steps=50")  # its processes start meanwhile
+    one = fit_one(tmp_path_factory.mktemp("one"), *QUICKSTART, "--trainer.max_steps=50")
     full = fit_one(tmp_path_factory.mktemp("full"), *QUICKSTART, "--trainer.max_steps=100")
-    return one, two_folder, two, full
+    return one, two_folder, finish(), full
 
 
 @pytest.mark.slow

@@ -268,14 +268,6 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
             del copies[:-2 * self.n_tasks]  # bounded: one x and one y per task
         return hit
 
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """The batch's task and SGD-step numbers as Python ints while they are still on the host:
-        they are read at every step, and reading them from the device would wait for it."""
-        if isinstance(batch, dict):
-            return {k: int(v) if k in ("task", "step") and isinstance(v, Tensor) and v.numel() == 1 else v
-                    for k, v in batch.items()}
-        return batch
-
     def rank_part(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Data-parallel: this rank's contiguous part of the samples of ``batch`` (``x`` (..., N, n),
         ``y`` (..., N)); otherwise ``batch``. With ``N`` a multiple of the world size the parts are
