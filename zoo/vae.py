@@ -396,8 +396,11 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
 
     def reparameterise(self, mu: Tensor, logvar: Tensor) -> Tensor:
         """A sample ``z = mu + exp(logvar / 2) eps``, eps from :meth:`draw_noise`."""
-        eps = self.draw_noise(mu.shape[0]).to(mu.device, mu.dtype)
-        return mu + torch.exp(0.5 * logvar) * eps
+        eps = self.draw_noise(mu.shape[0])
+        if mu.device.type == "cuda":
+            # from pinned memory the copy is queued on the stream: no wait for the GPU at every step
+            eps = eps.pin_memory().to(mu.device, non_blocking=True)
+        return mu + torch.exp(0.5 * logvar) * eps.to(mu.device, mu.dtype)
 
     def _noise_models(self) -> list["BetaVAE"]:
         return [self]
