@@ -492,7 +492,8 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         # Lightning's printed table of `lightning validate|test` holds only what self.log sends to
         # the loggers: outside fit, let it; inside fit, keep the samples axis
         own_axis = self.logs_on_samples and self.trainer.state.fn == "fit"
-        self.log_dict(metrics, logger=not own_axis)
+        # equal on every rank: the max over ranks is each one's value (and Lightning does not warn)
+        self.log_dict(metrics, logger=not own_axis, sync_dist=True, reduce_fx="max")
         if own_axis and self.trainer.is_global_zero:
             for lg in self.trainer.loggers:
                 lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
