@@ -23,7 +23,7 @@ demo: install
 	$(PYTHON) -m zoo fit --config recipes/quickstart.yaml
 
 test: install-dev
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) tests/shards.py
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PYTHON) $$b || exit 1; done

@@ -96,18 +96,22 @@ def run_nodes(folder: Path, *args: str, nodes: int = 2, timeout: float = 240.0) 
     return folder / "lightning_logs" / "version_0"
 
 
-def run_forked(folder: Path, *args: str, nodes: int = 2, timeout: float = 240.0) -> Path:
-    """:func:`run_nodes` without new interpreters: each simulated node is a forked child of this
-    process, so it starts with torch, Lightning and the zoo already imported (about 5 s saved per
-    process) and calls the CLI's ``main`` itself. Safe because this process runs torch with one
-    thread (no OpenMP pool to inherit) and holds no process group. A child's output goes to
-    ``<folder>.rank<n>.log``, beside the folder; returns the run folder."""
+def run_forked(folder: Path, *args: str, nodes: int = 1, devices: int = 2, timeout: float = 240.0) -> Path:
+    """``devices`` processes on each of ``nodes`` simulated machines, ``--trainer.devices=<devices>
+    --trainer.num_nodes=<nodes> --trainer.strategy=ddp``, without new interpreters: each process is a
+    forked child of this one, started with the variables Lightning's ``LightningEnvironment`` reads
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), as Lightning's
+    own launcher or a cluster's scheduler starts them, and it calls the CLI's ``main`` itself with
+    torch, Lightning and the zoo already imported (about 5 s saved per process). Safe because this
+    process runs torch with one thread (no OpenMP pool to inherit) and holds no process group. A
+    child's output goes to ``<folder>.rank<r>.log``, beside the folder; returns the run folder."""
     import multiprocessing
 
     folder.mkdir(parents=True, exist_ok=True)
-    port = str(free_port())
+    port, world = str(free_port()), nodes * devices
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_forked_node, args=(folder, args, n, nodes, port)) for n in range(nodes)]
+    procs = [ctx.Process(target=_forked_rank, args=(folder, args, r // devices, r % devices, nodes, devices, port))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -115,29 +119,30 @@ def run_forked(folder: Path, *args: str, nodes: int = 2, timeout: float = 240.0)
     if any(p.is_alive() for p in procs):
         for p in procs:
             p.kill()
-        raise AssertionError(f"a forked node did not finish within {timeout} s")
-    logs = [Path(f"{folder}.rank{n}.log") for n in range(nodes)]
-    errors = [f"node {n}: exit {p.exitcode}\n{logs[n].read_text()[-3000:]}" for n, p in enumerate(procs) if p.exitcode != 0]
+        raise AssertionError(f"a forked process did not finish within {timeout} s")
+    logs = [Path(f"{folder}.rank{r}.log") for r in range(world)]
+    errors = [f"rank {r}: exit {p.exitcode}\n{logs[r].read_text()[-3000:]}" for r, p in enumerate(procs) if p.exitcode != 0]
     assert not errors, "\n".join(errors)
     return folder / "lightning_logs" / "version_0"
 
 
-def _forked_node(folder: Path, args: tuple[str, ...], node: int, nodes: int, port: str) -> None:
+def _forked_rank(folder: Path, args: tuple[str, ...], node: int, local: int, nodes: int, devices: int,
+                 port: str) -> None:
     code = 1
     try:
-        log = os.open(f"{folder}.rank{node}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        log = os.open(f"{folder}.rank{node * devices + local}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.chdir(folder)
         for k in ("GROUP_RANK", "RANK"):
             os.environ.pop(k, None)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(node), LOCAL_RANK="0",
-                          WORLD_SIZE=str(nodes), OMP_NUM_THREADS="1")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(node), LOCAL_RANK=str(local),
+                          WORLD_SIZE=str(nodes * devices), OMP_NUM_THREADS="1")
         torch.set_num_threads(1)
         from zoo.cli import main
 
         try:
-            main(["fit", *args, *DDP, "--trainer.devices=1", f"--trainer.num_nodes={nodes}"])
+            main(["fit", *args, *DDP, f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"])
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -90,7 +90,7 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     config = root / "xor.yaml"
     config.write_text(CONFIG)
     one = fit_one(root / "one", "--config", str(config))
-    return one, run_forked(root / "two", "--config", str(config), nodes=2)
+    return one, run_forked(root / "two", "--config", str(config))
 
 
 @pytest.mark.slow

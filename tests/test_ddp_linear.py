@@ -113,6 +113,6 @@ def test_two_simulated_nodes_equal_one_process(tmp_path):
     (tmp_path / "small.yaml").write_text(SMALL)
     config = ["--config", str(tmp_path / "small.yaml")]
     one = fit_one(tmp_path / "one", *config)
-    nodes = run_forked(tmp_path / "nodes", *config, nodes=2)
+    nodes = run_forked(tmp_path / "nodes", *config, nodes=2, devices=1)
     assert_one_set(tmp_path / "nodes", tmp_path / "one")
     assert_same_results(one, nodes)

@@ -3,8 +3,8 @@ a teacher-student ensemble through its task switch (EWC anchors, forgetting tabl
 the MNIST classifier ensemble train member-parallel to the same bits as one process; a single
 classifier trains data-parallel to the one-process run within float rounding.
 
-Each run is the CLI as a user starts it; the two-process one as two simulated nodes forked from this
-process (tests/helpers_ddp.run_forked; the quickstart's test in test_ddp_linear.py goes through
+Each run is the CLI as a user starts it; the two-process one (``--trainer.devices=2``) as two
+processes forked from this one (tests/helpers_ddp.run_forked; the quickstart's test in test_ddp_linear.py goes through
 Lightning's own launcher), the reference in this process, both with one torch thread (a reduction split over
 another number of threads rounds differently).
 """

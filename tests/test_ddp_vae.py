@@ -1,5 +1,5 @@
 """The autoencoders across processes (issue 19): a ``BetaVAESweep`` and a ``SparseAutoencoder``
-ensemble trained member-parallel by 2 CPU processes (gloo, ``--trainer.strategy=ddp``, two simulated nodes) equal the
+ensemble trained member-parallel by 2 CPU processes (gloo, ``--trainer.devices=2 --trainer.strategy=ddp``) equal the
 single-process run bit for bit: the final checkpoint (every member's weights and Adam state, the
 noise generator's state), the logged scalars and the figures. Each rank trains its own members on
 the whole stream (zoo.distributed); the sweep's members draw their noise in turn from one
@@ -10,7 +10,7 @@ round otherwise (conv-free MLPs here, whose CPU kernels are deterministic at a f
 
 Also here: one BetaVAE trained data-parallel (its metrics over every rank's images), training under
 bf16 autocast, and MNIST extracted in ``prepare_data`` (once per node) with ``setup`` only reading.
-The 2-process runs are simulated nodes forked from this process (tests/helpers_ddp.run_forked);
+The 2-process runs are forked from this process with the launcher's environment (tests/helpers_ddp.run_forked);
 the quickstart's test in test_ddp_linear.py goes through Lightning's own launcher.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ slow = pytest.mark.slow
 
 
 def _both(tmp: Path, args: list[str]) -> tuple[Path, Path]:
-    """The run on 1 process (here, one thread) and on 2 (forked simulated nodes, one thread each); their run folders."""
-    return fit_one(tmp / "p1", *args), run_forked(tmp / "p2", *args, nodes=2)
+    """The run on 1 process (here, one thread) and on 2 (``devices=2``, forked, one thread each); their run folders."""
+    return fit_one(tmp / "p1", *args), run_forked(tmp / "p2", *args)
 
 
 def _checkpoint(run: Path) -> dict:
@@ -127,7 +127,7 @@ def data_parallel_runs(tmp_path_factory):
             "--data.init_args.num_samples=256", "--model.init_args.encoder_widths=[32]",
             "--model.init_args.decoder_widths=[32]", "--trainer.max_epochs=2"]
     fit_one(tmp / "p1", *args, "--data.init_args.batch_size=32")
-    run_forked(tmp / "p2", *args, "--data.init_args.batch_size=16", nodes=2)
+    run_forked(tmp / "p2", *args, "--data.init_args.batch_size=16")
     return tmp
 
 
