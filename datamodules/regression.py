@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
+from zoo.devices import kept_on
+
 
 class TaskModes(NamedTuple):
     """Whitened form of a linear task: ``sigma_yx sigma_x^-1 = U diag(s) V^T``, time scale ``c``.
@@ -48,18 +50,7 @@ def on_model_device(datamodule: pl.LightningDataModule, *tensors: Tensor) -> tup
     trainer = getattr(datamodule, "trainer", None)
     if trainer is None:
         return tensors
-    device = trainer.strategy.root_device
-    copies: list[tuple[Tensor, Tensor]] = datamodule.__dict__.setdefault("_copies_on_model_device", [])
-    out = []
-    for t in tensors:
-        if t.device != device:
-            hit = next((c for src, c in copies if src is t and c.device == device), None)
-            if hit is None:
-                hit = t.to(device)
-                copies.append((t, hit))
-            t = hit
-        out.append(t)
-    return tuple(out)
+    return tuple(kept_on(datamodule, t, trainer.strategy.root_device) for t in tensors)
 
 
 class RepeatedBatch(Dataset):

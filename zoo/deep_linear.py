@@ -435,7 +435,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
         # every member's losses of this call's steps on every rank (members are sharded across processes):
         # one exchange and one host sync per call, and every rank takes the same decision on divergence
-        losses = gather_members(torch.stack(step_losses), self.ensemble, dim=1) if is_sharded(self) else torch.stack(step_losses)
+        losses = self.all_member_values(torch.stack(step_losses), dim=1)
         self._check_finite(losses, first_step)
         first = losses[0]
         self.log("loss", first.mean(), prog_bar=True)
@@ -482,7 +482,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def _log_mse(self, stage: str, metric: MeanSquaredError) -> None:
         # member-parallel: this rank's members, gathered; data-parallel: reduced across devices by the metric
-        mse = gather_members(metric.compute().reshape(-1), self.ensemble) if is_sharded(self) else metric.compute().reshape(-1)
+        mse = self.all_member_values(metric.compute().reshape(-1))
         metric.reset()
         # every rank holds the same numbers now: their max across ranks is each number itself, exactly, and
         # marks them reduced (Lightning warns about epoch-level values that are not)

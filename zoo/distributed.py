@@ -94,6 +94,15 @@ class MemberParallel:
         """E, the number of members (all of them, also while sharded)."""
         raise NotImplementedError(f"{type(self).__name__} must say how many members it has (n_members)")
 
+    def all_member_values(self, t: Tensor, dim: int = 0) -> Tensor:
+        """``t`` holds this rank's members along ``dim`` (losses, outputs, metrics): every member's,
+        on every rank (a collective while sharded; ``t`` itself otherwise, also under data-parallel
+        DDP), contiguous (a reduction over a strided view may round otherwise than over the
+        one-process tensor)."""
+        if self.member_range is None:
+            return t
+        return gather_members(t, self.member_range[2], dim=dim).contiguous()
+
     @property
     def member_slice(self) -> slice:
         """This rank's members, for indexing per-member lists kept whole (``init_params[s]``)."""

@@ -40,7 +40,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 from torchmetrics import MeanSquaredError
 
-from zoo.distributed import MemberParallel, gather_members
+from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
@@ -111,15 +111,6 @@ def members_of(module: MemberParallel, t: Tensor) -> Tensor:
     if r is not None and t.dim() == 3 and t.shape[0] == r[2]:
         return t[r[0]:r[1]]
     return t
-
-
-def all_member_values(module: MemberParallel, t: Tensor, dim: int) -> Tensor:
-    """``t`` (this rank's members along ``dim``: losses, outputs) for every member, on every rank (a
-    collective while sharded), contiguous: a reduction over a strided view may round otherwise
-    than over the one-process tensor."""
-    if module.member_range is None:
-        return t
-    return gather_members(t, module.member_range[2], dim=dim).contiguous()
 
 
 class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
@@ -366,7 +357,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
         first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
-        losses = all_member_values(self, self.run_epochs(x, y, n, step=self.optimizers().step), dim=1)  # (n, E)
+        losses = self.all_member_values(self.run_epochs(x, y, n, step=self.optimizers().step), dim=1)  # (n, E)
         self.count_samples(n * y.shape[-2])
         # every rank holds every member's losses: one decision, the same on all of them
         check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
@@ -847,7 +838,7 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
         all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, self.optimizers().step,
                              self.models[0].threads(x))
         if self.member_range is not None:  # every model's members, gathered in one collective
-            all_losses = list(all_member_values(self, torch.stack(all_losses), dim=2))
+            all_losses = list(self.all_member_values(torch.stack(all_losses), dim=2))
         self.count_samples(n * y.shape[-2])
         # one host sync for all models, the same decision on every rank
         check_finite(torch.cat([losses[-1] for losses in all_losses]), step=first_epoch + n - 1,

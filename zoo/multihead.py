@@ -34,7 +34,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from zoo.distributed import MemberParallel, all_members, gather_members, is_sharded
+from zoo.devices import kept_on
+from zoo.distributed import MemberParallel, all_members, is_sharded
 from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resolve_members
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
@@ -239,7 +240,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         across processes; call on every rank): member-parallel, every member's (gathered);
         data-parallel, the mean over the ranks' equal parts of the batch; one process: ``values``."""
         if is_sharded(self):
-            return gather_members(values, self.n_members())
+            return self.all_member_values(values)
         if not self.data_parallel:
             return values
         total = values.detach().clone()
@@ -254,19 +255,9 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
                 and dist.is_available() and dist.is_initialized())
 
     def kept_on_device(self, t: Tensor) -> Tensor:
-        """``t`` on this module's device, copied there once: a test set that the forgetting
-        callbacks evaluate again and again is not sent to the accelerator each time (keyed by the
-        tensor object; the datamodules hand out the same test-set tensors on every call)."""
-        device = self.W.device
-        if t.device == device:
-            return t
-        copies: list[tuple[Tensor, Tensor]] = self.__dict__.setdefault("_device_copies", [])
-        hit = next((c for src, c in copies if src is t and c.device == device), None)
-        if hit is None:
-            hit = t.to(device)
-            copies.append((t, hit))
-            del copies[:-2 * self.n_tasks]  # bounded: one x and one y per task
-        return hit
+        """``t`` on this module's device, copied there once (``zoo.devices.kept_on``): a test set that
+        the forgetting callbacks evaluate again and again (the datamodules hand out the same tensors)."""
+        return kept_on(self, t, self.W.device, keep=2 * self.n_tasks)  # one x and one y per task
 
     def rank_part(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Data-parallel: this rank's contiguous part of the samples of ``batch`` (``x`` (..., N, n),
@@ -480,9 +471,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
             for name, metric in self.eval_store[f"{stage}{task}"].items():
                 if not metric.update_called:
                     continue
-                values = metric.compute().float()
-                if is_sharded(self):
-                    values = gather_members(values, E)
+                values = self.all_member_values(metric.compute().float())
                 metrics[f"{stage}/task{task + 1}/{name}"] = values.mean()
                 if 1 < E <= MAX_MEMBER_TAGS:
                     metrics |= {f"{stage}/task{task + 1}/{name}/{label}": v for label, v in zip(labels, values)}

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from zoo import reln
 from zoo.checkpoint_checks import CheckpointMismatch
-from zoo.gdln import Comparison, ReLUNet, all_member_values
+from zoo.gdln import Comparison, ReLUNet
 from zoo.hparams import save_own_hyperparameters
 from zoo.logs import log_figure, log_scalars, warn_once
 from zoo.plots import gdln as plots
@@ -211,7 +211,7 @@ class ImitationGDLNs(Comparison):
             X = self.trainer.datamodule.X.to(self.device)
             with torch.no_grad():
                 # every member on every rank: the members are sharded across processes under strategy ddp
-                self.gdln_outputs.append(all_member_values(self, torch.stack([m(X) for m in self.models]), dim=1).cpu())
+                self.gdln_outputs.append(self.all_member_values(torch.stack([m(X) for m in self.models]), dim=1).cpu())
 
     def on_train_start(self) -> None:
         self._record_outputs()  # epoch 0 (a resumed run has it from its checkpoint)

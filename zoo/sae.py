@@ -30,7 +30,7 @@ import torch
 from jsonargparse import lazy_instance
 from torch import Tensor, nn
 
-from zoo.distributed import MemberParallel, gather_members
+from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite, drop_diverged
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Imbalance, InitScheme, from_spec
@@ -212,7 +212,7 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         if counts.update_count:
             out, alive = self._measures(counts, reconstruction), self.alive
             for name in MEASURES:
-                values = gather_members(out[name].float(), self.n_members())  # a collective when sharded
+                values = self.all_member_values(out[name].float())  # a collective when sharded
                 self.log(f"{stage}/{name}", values[alive].mean())
                 if self.n_members() <= MAX_MEMBER_TAGS:
                     self.log_dict({f"{stage}/{name}/{lbl}": v for lbl, v, a in zip(self.labels, values, alive) if a})
@@ -226,8 +226,7 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         parts = self.member_loss(x)
         hint = f"lr = {self.lr} is probably too large; try lr / 10."
         # every member's numbers on every rank (one gather; identity in one process): all ranks decide alike
-        full = gather_members(torch.stack([parts["loss"].detach(), parts["reconstruction"].detach()], 1),
-                              self.n_members())
+        full = self.all_member_values(torch.stack([parts["loss"].detach(), parts["reconstruction"].detach()], 1))
         if self.on_divergence == "stop":
             check_finite(full[:, 0], step=self.global_step, labels=self.labels, hint=hint)
         else:

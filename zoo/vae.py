@@ -62,7 +62,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from zoo.distributed import gather_members, is_sharded
+from zoo.distributed import is_sharded
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
@@ -594,7 +594,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         return list(self.members)[self.member_slice]
 
     def _all_members(self, values: Tensor) -> Tensor:
-        return gather_members(values, len(self.members))
+        return self.all_member_values(values)
 
     def _local_metrics(self, members: int, sync: bool) -> None:
         device = self.eval_metrics["val"].sse.device
