@@ -17,7 +17,7 @@ install:
 	  $(PYTHON) -m pip install --no-build-isolation -e .; }
 
 install-dev: install
-	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
+	@$(PYTHON) -c "import pytest, mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
 
 demo: install
 	$(PYTHON) -m zoo fit --config recipes/quickstart.yaml
