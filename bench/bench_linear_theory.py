@@ -41,7 +41,7 @@ def gpu_seconds(fn: Callable[..., object], *tensors: torch.Tensor, repeats: int)
 
 
 def lambda_ensemble(lams: torch.Tensor, n: int, scale: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lambda-balanced 8x8x8 weights (THEORY.md construction), one member per lam, batched."""
+    """Lambda-balanced 8x8x8 weights (docs/theory.md#lambda-balanced), one member per lam, batched."""
     g = torch.Generator().manual_seed(seed)
     E = lams.shape[0]
     A = scale * torch.randn(E, n, n, generator=g, dtype=torch.float64)

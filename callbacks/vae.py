@@ -37,7 +37,7 @@ def _sampler(trainer: pl.Trainer, owner: str):
 
 
 class DCI(PeriodicCallback):
-    """DCI of the posterior means ([S] App. D, THEORY.md sec. 4) every ``every_n_steps`` and at the end.
+    """DCI of the posterior means ([S] App. D, docs/theory.md#dci) every ``every_n_steps`` and at the end.
 
     Logs ``dci/<DCI_KEYS>`` and the importance matrix ``R[code, factor]`` (figure ``dci/importance``);
     the ``final`` setting once at the end (``dci_final/...``; :meth:`final_scores` hands it to

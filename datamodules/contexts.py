@@ -1,4 +1,4 @@
-"""The contextual semantic task ([H] Sec. 4-5, App. F-H; THEORY.md sec. 2b).
+"""The contextual semantic task ([H] Sec. 4-5, App. F-H; docs/theory.md#contexts).
 
 Items (one-hot, n_items = 8) are queried in every one of C contexts (one-hot): X is
 (C n_items) x (n_items + C), row-major here (one row per data point). Targets: a common block

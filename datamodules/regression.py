@@ -1,4 +1,4 @@
-"""Regression tasks for linear networks ([L] App. E.2, [S] Sec. 3; THEORY.md sec. 1b).
+"""Regression tasks for linear networks ([L] App. E.2, [S] Sec. 3; docs/theory.md#linear-tasks).
 
 Every task is a fixed dataset ``X`` (N, n_in), ``Y`` (N, n_out), generated from a seed. The
 input-output statistics the theory uses are properties: ``sigma_x = X^T X / N`` and
@@ -242,7 +242,7 @@ def hierarchy_targets(perturb: bool = True, reverse_modes: list[int] | None = No
     """Targets of the semantic hierarchy (items as rows).
 
     ``perturb`` splits the repeated singular values by scaling feature column i (i = 1..8) by
-    ``1 + 0.1/i`` (THEORY.md 1b). ``reverse_modes`` flips the sign of those left singular
+    ``1 + 0.1/i`` (docs/theory.md#semantic-hierarchy). ``reverse_modes`` flips the sign of those left singular
     vectors of the task ([L] App. D.2, reversal learning): ``Y -> Y - 2 s_i (u_i v_i^T)^T``.
     """
     Y = HIERARCHY_LABELS.clone()

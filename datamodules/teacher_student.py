@@ -1,4 +1,4 @@
-"""Teacher-student continual-learning tasks ([S] Sec. 4, Eq. 5; THEORY.md sec. 2).
+"""Teacher-student continual-learning tasks ([S] Sec. 4, Eq. 5; docs/theory.md#teachers).
 
 Inputs ``x ~ N(0, I_d)`` are streamed online: every SGD step sees fresh samples (unless
 ``num_samples`` fixes a finite pool). Task ``t`` is labelled by the teacher
@@ -88,7 +88,7 @@ class TeacherStudent(pl.LightningDataModule):
             a list makes one teacher set per value (see the module docstring).
         readout_similarity: cosine between the later teachers' heads and the first's, in [-1, 1].
         activation: the teachers' ``phi``.
-        teacher_head: every entry of the first teacher's head (THEORY.md: all ones).
+        teacher_head: every entry of the first teacher's head (docs/theory.md#teachers: all ones).
         switch_step: the SGD step at which task 2 starts (a list: the steps at which tasks
             2, 3, ... start); default: the tasks split ``num_steps`` evenly.
         num_steps: total SGD steps over all tasks (time ``alpha = num_steps / d``).

@@ -1,4 +1,4 @@
-"""XoR with a linear margin ([H] Sec. 3, App. C Eqs. 11-12; THEORY.md sec. 2b).
+"""XoR with a linear margin ([H] Sec. 3, App. C Eqs. 11-12; docs/theory.md#xor-margin).
 
 Four points in three dimensions: XoR in the first two, linearly separable with margin 2 Delta in
 the third. ``Delta`` may be a list: member e of an ensemble then trains on margin ``Delta[e]``

@@ -1,4 +1,4 @@
-"""DCI (zoo/metrics/dci.py; THEORY.md sec. 4): exact D and C from hand-built importance matrices,
+"""DCI (zoo/metrics/dci.py; docs/theory.md#dci): exact D and C from hand-built importance matrices,
 and the gradient-boosted pipeline on codes whose answer is known."""
 from __future__ import annotations
 

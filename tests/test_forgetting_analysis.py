@@ -35,7 +35,7 @@ def test_error_matrix_and_forgetting_and_transfer_by_hand():
 
 def test_profile_shape_tells_maslows_hammer_from_monotonic():
     g = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    # THEORY.md's reference ODE numbers for a specialised student with a small second head on the idle unit
+    # docs/theory.md#maslow: reference ODE numbers for a specialised student with a small second head on the idle unit
     hammer = profile_shape(g, [0.09, 0.28, 0.23, 0.16, 0.09, 0.003])
     assert hammer == {"peak": 0.2, "monotonic": False, "maslow": True, "flat": False, "kind": "maslow"}
     mono = profile_shape(g, [0.375, 0.302, 0.229, 0.155, 0.079, 0.001])

@@ -70,7 +70,7 @@ def fit(tmp_path, callbacks, *, d=60, gamma=(0.0, 0.5), theta=(0.0, math.pi / 4)
 
 def erf_error(W: torch.Tensor, h: torch.Tensor, WT: torch.Tensor, hT: torch.Tensor) -> float:
     """``eps = 1/2 <(h.phi(W x/sqrt d) - hT.phi(WT x/sqrt d))^2>`` of one member on one task, written out
-    from THEORY.md sec. 2 (``I2 = (2/pi) asin(C12 / sqrt((1 + C11)(1 + C22)))``), independent of the zoo."""
+    from docs/theory.md#generalisation-error (``I2 = (2/pi) asin(C12 / sqrt((1 + C11)(1 + C22)))``), independent of the zoo."""
     d = W.shape[-1]
     A = torch.cat([W, WT]).numpy()
     C = A @ A.T / d

@@ -1,4 +1,4 @@
-"""The [H] datasets and gates: check values from THEORY.md 2b and the paper's App. C."""
+"""The [H] datasets and gates: check values from docs/theory.md#contexts and the paper's App. C."""
 from __future__ import annotations
 
 import math
@@ -14,16 +14,16 @@ def test_same_structure_check_values():
     dm = Contexts(3, "same")
     X, Y = dm.X.double(), dm.Y.double()
     assert X.shape == (24, 11) and Y.shape == (24, 60)
-    # THEORY.md 2b: 1/2 |Y|_F^2 = 96 exactly (0/1 targets: 192 ones)
+    # docs/theory.md#contexts: 1/2 |Y|_F^2 = 96 exactly (0/1 targets: 192 ones)
     assert 0.5 * Y.pow(2).sum().item() == 96.0
     s = torch.linalg.svdvals(Y.T @ X / 24)
-    # printed to 4 decimals in THEORY.md
+    # printed to 4 decimals in docs/theory.md#contexts
     assert torch.allclose(s[:4], torch.tensor([1.0704, 0.4564, 0.4564, 0.3819], dtype=torch.float64), atol=5e-5)
 
 
 def test_different_structure_initial_loss():
     dm = Contexts(3, "different")
-    # the authors' summed loss at a vanishing init is 1/2 |Y|^2 = 105.623 (THEORY.md / issue check value)
+    # the authors' summed loss at a vanishing init is 1/2 |Y|^2 = 105.623 (docs/theory.md#contexts check value)
     assert 0.5 * dm.Y.double().pow(2).sum().item() == pytest.approx(105.623, abs=5e-4)
     # ring: every row after the first is the graded bump moved by one item; cross keeps the hierarchy elsewhere
     R = ring()

@@ -25,7 +25,7 @@ def _depth(dm, **kw) -> DepthGDLN:
 
 
 def _autograd_loss(Ws, X, Y, gates, c, training, scale):
-    """[H] Fig. 6 written out: h1 = g * (W1 (W0 x)), y = W2 h1; the two-loss scheme (THEORY.md 2b):
+    """[H] Fig. 6 written out: h1 = g * (W1 (W0 x)), y = W2 h1; the two-loss scheme (docs/theory.md#two-loss):
     the first c (common) units learn Y, the others Y - y_common with y_common held fixed."""
     h1 = (X @ Ws[0].mT @ Ws[1].mT) * gates
     if training == "joint":

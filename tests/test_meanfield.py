@@ -277,7 +277,7 @@ def test_integrate_other_activations_learn(name: str) -> None:
 # --------------------------------------------------------------------------------------------
 def simulate_sgd(seeds: list[int], d: int, alpha1: float, alpha2: float, eta: float, sigma_w: float,
                  gamma: float, h0: list[float], record_every: float):
-    """Online SGD of THEORY.md sec. 2, written out plainly; the seeds run side by side.
+    """Online SGD of docs/theory.md#student-sgd, written out plainly; the seeds run side by side.
 
     Student ``y_hat = h^(t) . phi(W x / sqrt d)``, teacher ``y = phi(W_T^(t) x / sqrt d)`` (p* = 1,
     head 1), ``W <- W - (eta/sqrt d) Delta (h^(t) * phi'(lam)) x^T``,

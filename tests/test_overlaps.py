@@ -1,4 +1,4 @@
-"""Tests of zoo.metrics.overlaps against hand-computed values ([S] Eqs. 8, 10; THEORY.md sec. 2)."""
+"""Tests of zoo.metrics.overlaps against hand-computed values ([S] Eqs. 8, 10; docs/theory.md#entropies)."""
 from __future__ import annotations
 
 import math

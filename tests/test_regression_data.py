@@ -1,4 +1,4 @@
-"""Regression tasks: check values of THEORY.md 1b and the statistics the theory relies on."""
+"""Regression tasks: check values of docs/theory.md#semantic-hierarchy and the statistics the theory relies on."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from datamodules.regression import hierarchy_targets
 
 
 def test_hierarchy_singular_values_match_theory_md():
-    # THEORY.md 1b check values, printed to 5 significant digits
+    # docs/theory.md#semantic-hierarchy check values, printed to 5 significant digits
     plain = torch.linalg.svdvals(hierarchy_targets(perturb=False) / 8)
     assert torch.allclose(plain, torch.tensor([0.35355] * 2 + [0.25] * 2 + [0.17678] * 4, dtype=plain.dtype), atol=1e-5)
     pert = torch.linalg.svdvals(hierarchy_targets(perturb=True) / 8)

@@ -108,7 +108,7 @@ def test_student_rejects_bad_input(kwargs, match):
 
 
 def test_initial_error_matches_the_check_value():
-    """THEORY.md: a tiny student against a normalised one-unit teacher with head 1 starts at 1/6."""
+    """docs/theory.md#student-sgd: a tiny student against a normalised one-unit teacher with head 1 starts at 1/6."""
     dm = TeacherStudent(d=500, num_test=40_000, seed=1)
     net = MultiHeadStudent(d=500, init_w=Gaussian(sigma=1e-3))
     eps_theory = net.theory_error(dm.W_teachers, dm.teacher_heads)
@@ -176,7 +176,7 @@ def test_divergence_stops_the_run_with_a_message():
 
 @pytest.mark.slow
 def test_simulation_follows_the_mean_field_ode_through_a_switch():
-    """[S] App. C / THEORY.md sec. 2: at d = 1000 the simulated errors of both tasks follow the ODE.
+    """[S] App. C / docs/theory.md#mean-field-odes: at d = 1000 the simulated errors of both tasks follow the ODE.
 
     A smaller version of issue #4's acceptance run (erf, p = 2, p* = 1, eta = 1, sigma_w = 1e-3,
     polar r = 1, theta = pi/8, gamma = 0.5): 4 time units per task instead of 30, errors from

@@ -42,7 +42,7 @@ def ode(rhs, y0, t_eval):
 
 
 def balanced_init(lam: float, n_in: int, n_h: int, n_out: int, scale: float, gen: torch.Generator):
-    """THEORY.md's construction: A = scale randn, SVD, random R, split the singular values."""
+    """docs/theory.md#lambda-balanced construction: A = scale randn, SVD, random R, split the singular values."""
     A = scale * torch.randn(n_out, n_in, generator=gen, dtype=f64)
     U, S, Vh = torch.linalg.svd(A, full_matrices=False)
     U, S, Vh = U[:, :n_h], S[:n_h], Vh[:n_h]
@@ -174,7 +174,7 @@ def test_omega_matches_pathway_ode(lam, omega0):
 
 
 def paper_time_to(target, lam, s, d, tau, omega0):
-    """THEORY.md / [S] Eqs. 15-18 inversion, implemented literally (lam != 0, omega0 < s/d)."""
+    """docs/theory.md#escape-hitting-times / [S] Eqs. 15-18 inversion, implemented literally (lam != 0, omega0 < s/d)."""
     k = math.sqrt(4 * s**2 + lam**2 * d**2)
     T0 = math.tanh(math.asinh(2 * omega0 / lam) / 2)
     c = abs(2 * s * T0 + k + lam * d) / abs(2 * s * T0 - k + lam * d)

@@ -1,4 +1,4 @@
-"""Elastic weight consolidation (Kirkpatrick et al. 2017; [S] Sec. 4.2.2, THEORY.md sec. 2).
+"""Elastic weight consolidation (Kirkpatrick et al. 2017; [S] Sec. 4.2.2, docs/theory.md#ewc).
 
 ``L_EWC(W) = L(W) + xi/2 sum_i F_i (W_i - W*_i)^2`` (the paper prints the penalty without its
 square, a typo), with ``W*`` the weights at the end of a consolidated task and ``F`` the

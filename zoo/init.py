@@ -9,8 +9,8 @@ schemes as typed constructor arguments, so a YAML config selects and parameteris
       init_args: {lam: [-4.0, 0.0, 4.0], scale: 0.001}
 
 A parameter given as a list makes an *ensemble*: member ``i`` uses the ``i``-th value (all list
-parameters of one scheme have the same length, or length 1). Definitions: THEORY.md sections 1
-and 3; [L] Def. A.1 (lambda-balanced), [S] Sec. 4.2 (polar), [S] Sec. 3.2 / App. D (gain),
+parameters of one scheme have the same length, or length 1). Definitions:
+docs/theory.md#init-schemes; [L] Def. A.1 (lambda-balanced), [S] Sec. 4.2 (polar), [S] Sec. 3.2 / App. D (gain),
 [S] App. H (imbalance), [S] App. G (entropy mix).
 
 Weights are returned as tensors of shape ``(E, out, in)`` (``E`` ensemble members), drawn in
@@ -196,7 +196,7 @@ def _balanced_layer_strengths(S: Tensor, lam: Tensor, L: int) -> Tensor:
     """Per-layer singular values a_l (l = 1..L) with a_{l+1}^2 - a_l^2 = lam and prod a_l = S.
 
     S: (E, k) mode strengths of the product, lam: (E,). Returns (L, E, k). For L = 2 this is the
-    closed form of THEORY.md; deeper chains solve prod_l sqrt(c + (l-1) lam) = S for c = a_1^2
+    closed form of docs/theory.md#lambda-balanced; deeper chains solve prod_l sqrt(c + (l-1) lam) = S for c = a_1^2
     by bisection (the left side increases in c).
     """
     lam = lam[:, None]
@@ -223,7 +223,7 @@ def lambda_balanced_factors(
 
     Returns [W1, ..., W_depth] (input to output) with ``W_{l+1}^T W_{l+1} - W_l W_l^T = lam I`` for
     every consecutive pair, and ``W_depth ... W1`` equal to ``product`` truncated to its top
-    ``n_hidden`` singular modes (THEORY.md sec. 1, construction verified to 1e-15). Hidden layers
+    ``n_hidden`` singular modes (docs/theory.md#lambda-balanced, construction verified to 1e-15). Hidden layers
     all have width ``n_hidden`` (default min(n_in, n_out)); for lam != 0 it must not exceed
     min(n_in, n_out). Random orthogonal hidden bases make the factors generic.
     """

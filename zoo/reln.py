@@ -7,7 +7,7 @@ rows, giving (samples * H, N) "neurons"; k-means them into k centroids (N-dimens
 centroid is the gating pattern of one *type* of hidden unit, i.e. one pathway of the ReLN. k is
 chosen at the elbow of the ReLU-vs-GDLN output error over k ([H] Fig. 9).
 
-Choices the paper leaves open, made here (THEORY.md 2b "Finding the gates"):
+Choices the paper leaves open, made here (docs/theory.md#finding-gates):
 
 * Units silent on every data point are dropped before clustering: a pathway that is never on
   carries nothing, yet dead units are many and would take a centroid of their own.

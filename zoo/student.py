@@ -1,4 +1,4 @@
-"""Two-layer multi-head students trained by online SGD ([S] Sec. 4, Eqs. 6-7; THEORY.md sec. 2).
+"""Two-layer multi-head students trained by online SGD ([S] Sec. 4, Eqs. 6-7; docs/theory.md#student-sgd).
 
 ``y_hat^(t) = h^(t) . phi(lam)``, ``lam = W x / sqrt d``: a shared first layer ``W`` (p, d) and
 one head ``h^(t)`` (p,) per task. The loss of a sample is ``1/2 Delta^2`` with
@@ -310,7 +310,7 @@ class MultiHeadStudent(MultiHeadModule):
 
     @torch.no_grad()
     def fisher_W(self, x: Tensor, y: Tensor, task: int, mode: str = "sampled") -> Tensor:
-        """Diagonal Fisher of ``W`` for head ``task``, per member, (E, p, d) (THEORY.md sec. 2, EWC).
+        """Diagonal Fisher of ``W`` for head ``task``, per member, (E, p, d) (docs/theory.md#fisher).
 
         The per-sample gradient of the loss is ``l'(Delta) h_i phi'(lam_i) x / sqrt d`` (``l'`` is
         ``loss_grad``, ``Delta`` for ``1/2 Delta^2``), so ``F_ik = mean_s (l'_s h_i phi'(lam_si))^2

@@ -3,7 +3,7 @@
 Pure functions on error tensors and on ``member_params`` (one dict of parameters per member, as
 ensemble modules expose them); no Lightning, no plotting.
 
-Definitions (THEORY.md sec. 2, after Lee et al. 2021/2022): with ``eps_t`` the error of task ``t``,
+Definitions (docs/theory.md#forgetting, after Lee et al. 2021/2022): with ``eps_t`` the error of task ``t``,
 **forgetting** of task ``t`` is ``eps_t(now) - eps_t(end of task t)`` (positive = forgotten) and
 **transfer** to task ``t`` is ``eps_t(start of task t) - eps_t(now)``.
 """

@@ -1,7 +1,7 @@
 """DCI: disentanglement, completeness and informativeness (Eastwood & Williams 2018), computed as
 disentanglement_lib does ([S] Sec. 3.2 and App. D: "we sample 10,000 training and 5,000 test
 points, then use gradient-boosted trees from Scikit-learn to obtain feature importance
-weights"; THEORY.md sec. 4).
+weights"; docs/theory.md#dci).
 
 For each factor ``k`` a ``GradientBoostingClassifier`` (a fixed ``random_state``) predicts the
 factor's level from the codes; column ``k`` of the importance matrix is ``|feature_importances_|``,

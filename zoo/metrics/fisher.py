@@ -1,4 +1,4 @@
-"""The diagonal Fisher information of any module, computed per sample (EWC; THEORY.md sec. 2).
+"""The diagonal Fisher information of any module, computed per sample (EWC; docs/theory.md#fisher).
 
 ``F_i = (1/N) sum_n (d loss(f(x_n; theta), y_n) / d theta_i)^2``: the mean over samples of the
 *squared per-sample* gradient, for each selected parameter. Elastic weight consolidation

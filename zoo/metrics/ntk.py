@@ -18,7 +18,7 @@ The kernel distance :func:`kernel_distance` is invariant under any permutation a
 of its arguments, so it does not depend on the layout as long as both kernels use the same one.
 
 References: Jacot et al. 2018 (NTK); Braun et al. 2022 (two-layer linear NTK); Fort et al. 2020
-(kernel distance); [L] = Dominé et al., "From lazy to rich", Eq. 5 and Fig. 5; THEORY.md sec. 1.
+(kernel distance); [L] = Dominé et al., "From lazy to rich", Eq. 5 and Fig. 5; docs/theory.md#linear-ntk.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Order parameters, specialisation entropies and continual-learning metrics (pure torch).
 
 Source: [S] Jarvis, Lee et al. 2025, "specialisation", Sec. 4 (Eqs. 8 and 10) and
-``THEORY.md`` section 2 (Lee et al. 2021/2022 for forgetting and transfer).
+``docs/theory.md#teacher-student`` (Lee et al. 2021/2022 for forgetting and transfer).
 
 Everything here is a pure function on tensors, batched over leading dimensions, with no
 Lightning import, so it can be used from a notebook, a callback or :mod:`zoo.theory.meanfield`.
@@ -99,7 +99,7 @@ def _plogp(x: Tensor) -> Tensor:
 
 
 def entropies(Q: Tensor, h: Tensor) -> dict[str, Tensor]:
-    """Specialisation entropies ``H_h``, ``H_Q``, ``H_m`` of [S] Eq. 10 (THEORY.md sec. 2).
+    """Specialisation entropies ``H_h``, ``H_Q``, ``H_m`` of [S] Eq. 10 (docs/theory.md#entropies).
 
     With ``|h~_i| = |h_i| / sum_j |h_j|`` and ``Q~_ii = Q_ii / sum_j Q_jj``:
     ``H_h = -sum_i |h~_i| log |h~_i|``, ``H_Q = -sum_i Q~_ii log Q~_ii`` and
@@ -136,7 +136,7 @@ def max_entropy(name: str, p: int) -> float:
 
 
 def forgetting(eps1: Tensor, i_switch: int, delta: int) -> Tensor:
-    """Forgetting of task 1: ``eps_1(t_switch + Delta) - eps_1(t_switch)`` (THEORY.md sec. 2).
+    """Forgetting of task 1: ``eps_1(t_switch + Delta) - eps_1(t_switch)`` (docs/theory.md#forgetting).
 
     Args:
         eps1: task-1 error trajectory, time on the last axis ``(..., n_times)``.
@@ -158,7 +158,7 @@ def forgetting(eps1: Tensor, i_switch: int, delta: int) -> Tensor:
 
 
 def transfer(eps2: Tensor, i_switch: int, i_end: int) -> Tensor:
-    """Transfer to task 2: ``eps_2(t_switch) - eps_2(t_end)`` (THEORY.md sec. 2).
+    """Transfer to task 2: ``eps_2(t_switch) - eps_2(t_end)`` (docs/theory.md#forgetting).
 
     Args:
         eps2: task-2 error trajectory, time on the last axis ``(..., n_times)``.

@@ -4,7 +4,7 @@
 point when ``H > 0`` ([S] Eq. 30; ReLU units).
 
 * ``eq31``: the mean over units of the number of data points that activate them ([S] Eq. 31; the
-  printed triple sum repeats the index j, THEORY.md sec. 4: it is ``1/n sum_i sum_j 1(H_ji > 0)``).
+  printed triple sum repeats the index j, docs/theory.md#sae-sparsity: it is ``1/n sum_i sum_j 1(H_ji > 0)``).
   Lower is sparser; it ranges from 0 (no unit ever fires) to N (every unit fires on everything).
 * ``l0``: the mean over data points of the number of active units (the usual SAE "L0").
 * ``dead_fraction``: units active on no data point of the window; ``dense_fraction``: units active

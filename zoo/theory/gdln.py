@@ -1,6 +1,6 @@
 """Gated deep linear networks: effective datasets, the neural race, and the ReLN closed forms ([H]).
 
-Conventions (THEORY.md sec. 2b). Data are row-major: ``X`` (N, n_in), ``Y`` (N, n_out). A
+Conventions (docs/theory.md#gdln-model). Data are row-major: ``X`` (N, n_in), ``Y`` (N, n_out). A
 GDLN here is a set of *pathways* p = input -> hidden module -> output; pathway p sees the input
 features selected by ``inputs[p]`` (a 0/1 mask over the n_in features) and is switched on for
 data point i when ``gates[i, p] = 1`` (the node gate of its hidden module, [H] Eq. 1). The loss is
@@ -37,7 +37,7 @@ class Gating:
         (E, N, P) when the ensemble members see different data (e.g. one XoR margin each).
     inputs: (P, n_in) 0/1, the input features pathway p reads (its edge gates from the input).
     common: (P,) bool, pathways trained on the full target under the authors' two-loss scheme
-        (THEORY.md 2b); the others learn the residual.
+        (docs/theory.md#two-loss); the others learn the residual.
     names: one name per pathway.
     """
 
@@ -142,7 +142,7 @@ def race_trajectory(
     keeps the cross-pathway overlaps ``U_p^T U_j`` exact when they are not (the different-structure
     task) and needs no matrix square roots.
     With ``training = "two_loss"`` the common pathways see only themselves in their error (the
-    authors' scheme, THEORY.md 2b). With ``training = "residual"`` (the scheme [H] App. F derives
+    authors' scheme, docs/theory.md#two-loss). With ``training = "residual"`` (the scheme [H] App. F derives
     its closed forms for) the common pathways also learn ``Y`` alone, while the other pathways
     learn the fixed residual ``Y* = Y - common_limit`` and see only each other.
     Forward Euler with step 1 = one gradient step at ``lr = 1/tau``.
@@ -199,7 +199,7 @@ def xor_reln_constants(Delta: float | Tensor, kind: Literal["linear", "xor"]) ->
 
     linear (two pathways, positive / negative examples): ``s = D/2``, ``d = D^2/2``.
     xor (four pathways, one example each): ``s = sqrt(1/8 + D^2/16)``, ``d = 4 s^2 = 1/2 + D^2/4``
-    (**typo** in [H] App. C, which prints ``d = 1/8 + D^2/16``; see THEORY.md 2b).
+    (**typo** in [H] App. C, which prints ``d = 1/8 + D^2/16``; docs/theory.md#xor-margin).
     The loss is ``1/2 - n s a + n d a^2 / 2`` with n pathways; c = 1/2 is the loss at a = 0.
     """
     D = torch.as_tensor(Delta, dtype=torch.float64)
@@ -296,7 +296,7 @@ def context_m(X: Tensor, Y: Tensor, gating: Gating) -> float:
     Derived from the task's overlaps as in [H] App. F: the coupling term of Eq. 6 is
     ``B_p + r sum_{j != p} U_p^T U_j B_j = B_p (1 - (C-1) r kappa)`` for C context pathways with equal
     B, so ``m = 1 / (1 - (C-1) r kappa)``. For C = 3 (kappa = 1/2, r = 1/2) m = 2 as printed; App. G
-    prints 3 and 4 for four and five contexts from inconsistent arithmetic (THEORY.md 2b): this
+    prints 3 and 4 for four and five contexts from inconsistent arithmetic (docs/theory.md#contexts-closed-form): this
     function computes m from the data instead.
     """
     overlaps, r = context_overlap(X, Y, gating)
@@ -313,7 +313,7 @@ def contexts_closed_form(X: Tensor, Y: Tensor, gating: Gating, t: Tensor, *, tau
     Common pathway: Saxe modes on the full target, ``pi(t)`` with ``S``, ``D`` of its effective
     dataset (App. F, first display). Context pathways: modes of their effective dataset on the
     residual ``Y* = Y - Y_common(inf)``, ``B(t) = (m S/D) / (1 - (1 - m S/(D B0)) exp(-2 S t/tau))``
-    (the printed form has ``exp(+2 S t/tau)`` and lacks m inside, THEORY.md 2b). Returns maps
+    (the printed form has ``exp(+2 S t/tau)`` and lacks m inside, docs/theory.md#contexts-closed-form). Returns maps
     (T, P, n_out, n_in) and the loss (T,) of the summed network. ``a0`` starts the common
     pathway's modes, ``a0_context`` (default ``a0``) the context pathways'.
     """

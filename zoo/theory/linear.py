@@ -1,6 +1,6 @@
 """Closed-form learning dynamics of two-layer linear networks (pure torch, no Lightning).
 
-Sources (see ``THEORY.md`` section 1, which restates and checks every formula used here):
+Sources (see ``docs/theory.md#linear-networks``, which restates and checks every formula used here):
 
 * [S] Jarvis, Lee et al. 2025, "specialisation": one pathway ``y = h w^T x`` with imbalance
   ``lam = h^2 - |w|^2`` ([S] Eq. 3 / Eq. 14, App. A), escape and hitting times ([S] Eqs. 15-18).
@@ -71,7 +71,7 @@ def _phi(mu: Tensor, t: Tensor) -> Tensor:
 # scalar modes
 # ---------------------------------------------------------------------------------------------
 def saxe_mode(t: Number, *, s: Number, d: Number = 1.0, tau: Number = 1.0, a0: Number) -> Tensor:
-    """Saxe sigmoid of a balanced mode from small init ([H] App. C Eq. 18, THEORY.md sec. 1).
+    """Saxe sigmoid of a balanced mode from small init ([H] App. C Eq. 18, docs/theory.md#saxe-mode).
 
     ``a(t) = (s/d) / (1 - (1 - s/(d a0)) exp(-2 s t / tau))``, the solution of
     ``tau da/dt = 2 a (s - d a)`` (a lam = 0 mode, whose rate is ``h^2 + |w|^2 = 2 a``).
@@ -88,7 +88,7 @@ def _inv_g(a: Tensor, l: Tensor, s: Tensor, gap: Tensor | None = None) -> Tensor
     """The integration constant ``1/G(a)`` of [L] Thm. 5.1 (``l = |lam| >= 0``, ``s > 0``).
 
     With ``K = sqrt(l^2 + 4 s^2)``, ``p = K - l``, ``q = K + l``, ``r = sqrt(l^2 + 4 a^2)`` and
-    ``u = 2 a / (l + r)`` (so that ``a = l u / (1 - u^2)``), THEORY.md's constant is
+    ``u = 2 a / (l + r)`` (so that ``a = l u / (1 - u^2)``), the constant of docs/theory.md#aligned-singular-values is
     ``C = (q + 2 s u) / (p - 2 s u)`` and the solution depends on time only through
     ``E(t) = C exp(K t / tau)``. We carry ``g = 1 / (l C)`` instead: the denominator
     ``p - 2 s u`` cancels catastrophically as ``l -> 0``, and rationalising it gives
@@ -128,7 +128,7 @@ def aligned_singular_value(
 
     Solves ``tau da/dt = sqrt(lam^2 + 4 a^2) (s - a)`` (whitened input, ``s > 0``, any ``a0``: a
     negative ``a0`` is a reversed mode, [L] App. D.2, which stalls at the saddle when lam = 0;
-    ``a`` depends on ``lam`` only through ``lam^2``). THEORY.md's closed form: ``K = sqrt(lam^2 +
+    ``a`` depends on ``lam`` only through ``lam^2``). Closed form (docs/theory.md#aligned-singular-values): ``K = sqrt(lam^2 +
     4 s^2)``, ``u0 = 2 a0 sgn(lam)/(|lam| + sqrt(lam^2 + 4 a0^2))``, ``C = (K + lam + 2 s u0)/(K -
     lam - 2 s u0)``, ``E = C exp(sgn(lam) K t/tau)``, ``u = (K(E - 1) - lam(E + 1))/(2 s (E + 1))``,
     ``a = lam u / (1 - u^2)``.
@@ -174,7 +174,7 @@ def omega(t: Number, *, lam: Number, s: Number, d: Number = 1.0, tau: Number = 1
     The pathway's imbalance ``lam = h^2 - |w|^2`` (positive = output heavy) is conserved; with the
     input weights aligned to the task, ``omega = h |w|`` obeys
     ``tau d omega/dt = sqrt(lam^2 + 4 omega^2) (s - d omega)``, i.e. [S] Eq. 12. Closed form
-    (THEORY.md sec. 1): ``theta0 = asinh(2 omega0/lam)``, ``k = sqrt(4 s^2 + lam^2 d^2)``, ``c``,
+    (docs/theory.md#one-pathway): ``theta0 = asinh(2 omega0/lam)``, ``k = sqrt(4 s^2 + lam^2 d^2)``, ``c``,
     ``e(t) = c exp(sgn(lam) k t/tau)``, ``omega = (lam/2) sinh(2 atanh((k(e - 1) - lam d (e + 1))
     / (2 s (e + 1))))``.
 
@@ -192,7 +192,7 @@ def _time_to(target: Tensor, *, lam: Tensor, s: Tensor, d: Tensor, tau: Tensor,
              omega0: Tensor, target_gap: Tensor | None = None) -> Tensor:
     """Time for :func:`omega` to go from ``omega0`` to ``target`` (both on the same side of s/d).
 
-    Equivalent to THEORY.md's inversion ``t = tau/(sgn(lam) k) log((k + 2 s T + lam d) /
+    Equivalent to the inversion of docs/theory.md#escape-hitting-times, ``t = tau/(sgn(lam) k) log((k + 2 s T + lam d) /
     (c (k - 2 s T - lam d)))``: ``omega`` depends on time only through ``g(t) = g0 exp(-k t/tau)``
     with ``g0 = 1/(l c)`` evaluated at the start, and the value ``target`` corresponds to
     ``g = 1/(l c)`` evaluated at the target (the flow is autonomous), hence
@@ -384,7 +384,7 @@ def _qqt_block(mu: Tensor, P: Tensor, L: Tensor, t: Tensor, out: Tensor | None =
 
 def qqt_stable(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number,
                tau: Number = 1.0) -> Tensor:
-    """``QQ^T(t)`` in the stable equal-dimension form ([L] App. B.5; THEORY.md sec. 1).
+    """``QQ^T(t)`` in the stable equal-dimension form ([L] App. B.5; docs/theory.md#qqt-stable).
 
     Same signature, assumptions and output layout as :func:`qqt`, but requires
     ``n_in = n_h = n_out = n``. Task SVD ``Sigma_yx = U~ S~ V~^T``; diagonal

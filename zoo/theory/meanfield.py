@@ -2,10 +2,10 @@
 
 Sources: [S] Jarvis, Lee et al. 2025, "specialisation", Sec. 4 (Eq. 9) and App. C
 (Eqs. 20-28), which follow Saad & Solla 1995, Goldt et al. 2019 and Lee et al. 2021/2022.
-``THEORY.md`` section 2 restates the formulas with the paper's typos corrected; this module
-follows THEORY.md.
+``docs/theory.md#teacher-student`` restates the formulas with the paper's typos corrected; this
+module follows it.
 
-Model and conventions (THEORY.md sec. 2):
+Model and conventions (docs/theory.md#student-sgd):
 
 * student ``y_hat = h^(t) . phi(lam)``, ``lam = W x / sqrt(d)``, one head ``h^(t)`` per task and
   a shared first layer ``W`` (``p`` units); teacher ``y = h_T^(t) . phi(rho^(t))``,
@@ -16,7 +16,7 @@ Model and conventions (THEORY.md sec. 2):
   ``h^(t) <- h^(t) - (eta/d) Delta phi(lam)``; only the active task's head learns, W always.
 * time ``alpha = steps / d``. Order parameters ``Q = W W^T/d`` ``(p, p)``,
   ``R^(t) = W W_T^(t)T/d`` ``(p, p*)``, ``T^(t,t') = W_T^(t) W_T^(t')T/d`` (fixed).
-* generalisation error ``eps^(t) = 1/2 <Delta^(t)2>`` (THEORY.md; [S] Eq. 9).
+* generalisation error ``eps^(t) = 1/2 <Delta^(t)2>`` (docs/theory.md#generalisation-error; [S] Eq. 9).
 
 Activations: ``"erf"`` is ``phi(z) = erf(z/sqrt 2)`` (all averages in closed form, ODE exact
 including the ``eta^2`` term), ``"linear"`` is ``phi(z) = z`` (Gaussian moments), ``"relu"`` is
@@ -129,7 +129,7 @@ def _asin(x: Tensor) -> Tensor:
 def erf_I2(c11: Tensor, c12: Tensor, c22: Tensor) -> Tensor:
     """``<phi(u1) phi(u2)>`` for ``phi(z) = erf(z/sqrt 2)``: ``(2/pi) asin(C12/sqrt((1+C11)(1+C22)))``.
 
-    [S] Eq. 23 with its typo corrected (the paper prints ``1/pi``; THEORY.md sec. 2).
+    [S] Eq. 23 with its typo corrected (the paper prints ``1/pi``; docs/theory.md#gaussian-averages).
     """
     return _2_PI * _asin(c12 / torch.sqrt((1.0 + c11) * (1.0 + c22)))
 
@@ -137,7 +137,7 @@ def erf_I2(c11: Tensor, c12: Tensor, c22: Tensor) -> Tensor:
 def erf_I3(c11: Tensor, c12: Tensor, c13: Tensor, c23: Tensor, c33: Tensor) -> Tensor:
     """``<phi'(u1) u2 phi(u3)>`` for erf: ``(2/pi) (C23 (1+C11) - C12 C13) / ((1+C11) sqrt(L3))``.
 
-    ``L3 = (1+C11)(1+C33) - C13^2`` ([S] Eqs. 24, 29; the paper drops the ``1/pi``, THEORY.md).
+    ``L3 = (1+C11)(1+C33) - C13^2`` ([S] Eqs. 24, 29; the paper drops the ``1/pi``, docs/theory.md#gaussian-averages).
     """
     l3 = (1.0 + c11) * (1.0 + c33) - c13 * c13
     return _2_PI * (c23 * (1.0 + c11) - c12 * c13) / ((1.0 + c11) * torch.sqrt(l3))
@@ -185,7 +185,7 @@ def _sqrt0(x: Tensor) -> Tensor:
 def relu_I2(c11: Tensor, c12: Tensor, c22: Tensor) -> Tensor:
     """``<relu(u1) relu(u2)> = [sqrt(C11 C22 - C12^2) + C12 (pi/2 + asin(C12/sqrt(C11 C22)))] / (2 pi)``.
 
-    The arc-cosine kernel (THEORY.md sec. 2; ``atan(C12/sqrt(C11 C22 - C12^2))`` there equals the
+    The arc-cosine kernel (docs/theory.md#relu-averages; ``atan(C12/sqrt(C11 C22 - C12^2))`` there equals the
     ``asin`` here, which stays finite when ``C11 C22 = C12^2``). ``C11 = C22 = C12 = c`` gives ``c/2``.
     """
     prod = c11 * c22
@@ -195,7 +195,7 @@ def relu_I2(c11: Tensor, c12: Tensor, c22: Tensor) -> Tensor:
 
 
 def relu_I3(c11: Tensor, c12: Tensor, c13: Tensor, c23: Tensor, c33: Tensor) -> Tensor:
-    """``<relu'(u1) u2 relu(u3)>`` (THEORY.md sec. 2)::
+    """``<relu'(u1) u2 relu(u3)>`` (docs/theory.md#relu-averages)::
 
         C12 sqrt(C11 C33 - C13^2) / (2 pi C11) + C23 asin(C13 / sqrt(C11 C33)) / (2 pi) + C23 / 4
 
@@ -280,7 +280,7 @@ def _float(x: Union[Tensor, float, Sequence[float]], like: Optional[Tensor] = No
 def generalisation_error(
     Q: Tensor, R: Tensor, T: Tensor, h: Tensor, h_T: Tensor, activation: str = "erf"
 ) -> Tensor:
-    """``eps = 1/2 <Delta^2>`` from the order parameters of one task ([S] Eq. 9, THEORY.md sec. 2).
+    """``eps = 1/2 <Delta^2>`` from the order parameters of one task ([S] Eq. 9, docs/theory.md#generalisation-error).
 
     ``eps = 1/2 [sum_ik h_i h_k I2(Q) + sum_nm hT_n hT_m I2(T) - 2 sum_in h_i hT_n I2(R)]``.
 
@@ -567,7 +567,7 @@ def integrate(
         teacher_heads: ``(n_tasks, p*)`` or ``(E, n_tasks, p*)``.
         activation: ``"erf"``, ``"linear"`` or ``"relu"`` (ReLU: small-learning-rate limit, see
             the module docstring).
-        eta: learning rate in THEORY.md's convention (``W`` step ``eta/sqrt d``, head step ``eta/d``).
+        eta: learning rate as in docs/theory.md#student-sgd (``W`` step ``eta/sqrt d``, head step ``eta/d``).
         alpha_switch: time of the switch to the second task, or a sequence of ``n_tasks - 1``
             increasing switch times (rounded to the Euler grid); ignored for one task.
         alpha_end: total training time.
