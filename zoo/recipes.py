@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from pathlib import Path
@@ -33,7 +34,9 @@ CONFIG_HELP = ("--config takes the path of a YAML file or a bundled recipe's nam
                "checkpoint from the working folder: run both phases from the same folder, phase 1 first.")
 # a value jsonargparse reads as YAML/JSON text rather than as a file name
 _INLINE = re.compile(r"[\s:{}\[\]]")
-_SENTENCE_END = re.compile(r"[.!?](\s|$)")
+_STOP = re.compile(r"[.!?](?=\s|$)")
+# the papers' abbreviations, whose period ends no sentence ("[H] App. B", "Figs. 3-4")
+_ABBREVIATIONS = ("App", "Fig", "Figs", "Sec", "Secs", "Eq", "Eqs", "Thm", "Alg", "cf", "vs", "e.g", "i.e", "etc")
 
 
 def recipes_dir() -> Path:
@@ -71,13 +74,26 @@ def description(path: Path) -> str:
     text = lines[0]
     for more in lines[1:]:
         # complete: the first line ends a sentence, or the next one starts a new sentence or paragraph
-        if text.endswith((".", "!", "?")) or not more or not (more[0].islower() or more[0] == "("):
+        if _ends_sentence(text) or not more or not (more[0].islower() or more[0] == "("):
             break
-        end = _SENTENCE_END.search(more)
-        text += " " + (more[:end.start() + 1] if end else more)
-        if end:
+        end = _sentence_end(more)
+        text += " " + more[:end]
+        if end < len(more):
             break
     return _shorten(text)
+
+
+def _is_stop(text: str, at: int) -> bool:
+    return text[:at].split(" ")[-1].lstrip("([") not in _ABBREVIATIONS
+
+
+def _ends_sentence(text: str) -> bool:
+    return text.endswith((".", "!", "?")) and _is_stop(text, len(text) - 1)
+
+
+def _sentence_end(text: str) -> int:
+    """Where the first sentence of ``text`` ends (after its stop), or ``len(text)`` if it goes on."""
+    return next((m.end() for m in _STOP.finditer(text) if _is_stop(text, m.start())), len(text))
 
 
 def _shorten(text: str) -> str:
@@ -90,8 +106,8 @@ def _shorten(text: str) -> str:
 def name_of(value: str) -> str:
     """The bundled name that ``value`` would mean: without ``.yaml`` and a leading ``recipes/``."""
     name = value.replace("\\", "/").strip()
-    name = name[len("recipes/"):] if name.startswith("recipes/") else name
     name = name[2:] if name.startswith("./") else name
+    name = name[len("recipes/"):] if name.startswith("recipes/") else name
     return name[:-len(SUFFIX)] if name.endswith(SUFFIX) else name
 
 
@@ -148,12 +164,20 @@ def main(argv: list[str]) -> int:
     opts = parser.parse_args(argv)
     recipes = bundled()
     if opts.name is None:
-        print(str(recipes_dir()) if opts.path else listing(recipes))
-        return 0
+        return _write(f"{recipes_dir()}\n" if opts.path else listing(recipes) + "\n")
     name = name_of(opts.name)
     if name not in recipes:
         print(f"zoo recipes: no bundled recipe {opts.name!r}{_did_you_mean(name, recipes)}; `zoo recipes` lists them",
               file=sys.stderr)
         return 2
-    sys.stdout.write(f"{recipes[name]}\n" if opts.path else recipes[name].read_text(encoding="utf-8"))
+    return _write(f"{recipes[name]}\n" if opts.path else recipes[name].read_text(encoding="utf-8"))
+
+
+def _write(text: str) -> int:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `zoo recipes | head`: the reader left; no traceback (and none again when Python flushes at exit)
+        sys.stdout = open(os.devnull, "w")
     return 0
