@@ -25,11 +25,14 @@ SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setup
 
 def test_the_package_list_names_every_package_folder():
     # pyproject.toml lists its packages (zoo_recipes is recipes/ under another name): a new
-    # subpackage missing from the list would be missing from the wheel
-    on_disk = {p.parent.relative_to(REPO).as_posix().replace("/", ".")
-               for top in ("zoo", "datamodules", "callbacks") for p in (REPO / top).rglob("__init__.py")}
-    assert set(SETUPTOOLS["packages"]) == on_disk | {"zoo_recipes"}
+    # subpackage or recipe folder missing from the list would be missing from the wheel
+    code = {p.parent.relative_to(REPO).as_posix().replace("/", ".")
+            for top in ("zoo", "datamodules", "callbacks") for p in (REPO / top).rglob("__init__.py")}
+    data = {p.parent.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml")}
+    data = {"zoo_recipes" + ("" if d == "." else "." + d.replace("/", ".")) for d in data}
+    assert set(SETUPTOOLS["packages"]) == code | data
     assert SETUPTOOLS["package-dir"] == {"zoo_recipes": "recipes"}
+    assert all(SETUPTOOLS["package-data"][d] == ["*.yaml"] for d in data)
 
 
 def _run(*args, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
