@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tomllib
@@ -61,14 +62,20 @@ def installed(tmp_path_factory):
     # without pip of its own: the installed pip is seen through --system-site-packages
     _run(sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv, cwd=tmp, env=env)
     python = venv / "bin" / "python"
+    own_site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp,
+                         env=env).stdout.strip())
+    if sys.prefix != sys.base_prefix:
+        # the tests run in a virtual environment: its packages are not the system's; a .pth puts them
+        # after the new environment's own site-packages (their .pth files, the checkout's editable
+        # install among them, are not read)
+        (own_site / "outer_environment.pth").write_text(
+            "\n".join(p for p in site.getsitepackages() if p.startswith(sys.prefix)) + "\n")
     _run(python, "-m", "pip", "install", "--no-index", "--no-deps", "-q", wheel, cwd=tmp, env=env)
-    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp,
-                     env=env).stdout.strip())
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     work = tmp / "work"
     work.mkdir()
-    return venv, site, env, work, names
+    return venv, own_site, env, work, names
 
 
 @pytest.mark.slow
