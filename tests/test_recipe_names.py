@@ -36,7 +36,8 @@ def test_a_file_that_exists_wins_over_a_bundled_name(in_tmp):
     for local in ("quickstart.yaml", "recipes/quickstart.yaml"):
         (in_tmp / local).write_text("seed_everything: 1\n")
         assert recipes.resolve_config(local) == local
-    # no local file of that exact name: the bundled one
+    # no local file of that exact name (a folder is not a config file): the bundled one
+    (in_tmp / "quickstart").mkdir()
     assert recipes.resolve_config("quickstart") == str(QUICKSTART)
 
 

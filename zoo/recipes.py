@@ -114,7 +114,8 @@ def name_of(value: str) -> str:
 def resolve_config(value: str, recipes: dict[str, Path] | None = None) -> str:
     """What ``--config value`` reads: ``value`` itself when it is a file that exists or YAML text,
     else the bundled recipe it names (a path). Raises ``ValueError`` for anything else."""
-    if _INLINE.search(value) or Path(value).exists():
+    # a folder is no config: a folder named like a recipe does not hide it (a pipe, /dev/fd/N, is one)
+    if _INLINE.search(value) or (Path(value).exists() and not Path(value).is_dir()):
         return value
     recipes = bundled() if recipes is None else recipes
     name = name_of(value)
