@@ -16,8 +16,9 @@ install:
 	@$(INSTALLED) || { $(SETUPTOOLS_OK) || $(PYTHON) -m pip install "setuptools>=70.1"; \
 	  $(PYTHON) -m pip install --no-build-isolation -e .; }
 
+# the dev extra: pytest, the docs tools and every optional part (h5py, scikit-learn: their tests)
 install-dev: install
-	@$(PYTHON) -c "import pytest, mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
+	@$(PYTHON) -c "import pytest, mkdocs, material, mkdocstrings_handlers.python, h5py, sklearn" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
 
 demo: install
 	$(PYTHON) -m zoo fit --config recipes/quickstart.yaml

@@ -18,6 +18,7 @@ from callbacks.base import PeriodicCallback, check_count, log_figure, log_matrix
 from zoo.analysis.sweeps import group_means
 from zoo.metrics.dci import DCIMetric, DCISetting, setting_with, update_on_grid
 from zoo.distributed import all_members
+from zoo.extras import require
 from zoo.plots.vae import SWEEP_METRICS, sweep_figure, traversal_figure
 from zoo.vae import vae_members
 
@@ -59,6 +60,7 @@ class DCI(PeriodicCallback):
         super().__init__(every_n_steps)
         if n_jobs == 0:
             raise ValueError("DCI: n_jobs = 0; allowed: a positive number of processes, or -1 for all cores")
+        require("sklearn", "dci", "callbacks.vae.DCI (gradient-boosted classifiers)")  # before the data is made
         self.setting = setting_with(setting, n_train, n_test, n_estimators, who="DCI")
         self.final = None if final is None else setting_with(final, n_train, n_test, n_estimators, who="DCI final")
         self.random_state, self.n_jobs, self.at_start = int(random_state), int(n_jobs), at_start

@@ -60,6 +60,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from datamodules import shapes_render as render
+from zoo.extras import require
 from datamodules.files import (ArrayHash, DataFileError, atomic_path, block_digests, cache_dir, checksum_block,
                                checksum_of, content_checksum, is_verified, mark_verified, remove_stale_parts,
                                writable_or_missing)
@@ -188,7 +189,7 @@ def generate_shapes3d(path: str | os.PathLike, resolution: int = 64, subsample: 
     geometries are ray cast in parallel, then each (floor hue, wall hue) block is coloured and
     deflate-compressed in parallel, and the parent writes the compressed chunks.
     """
-    import h5py
+    h5py = require("h5py", "shapes", "generate_shapes3d (3dshapes-like files, datamodules.shapes.Shapes3D)")
 
     kept = _kept_levels(SHAPES3D, subsample, "generate_shapes3d")
     _check_resolution(resolution, "generate_shapes3d")
@@ -333,7 +334,7 @@ def _check_side(H: int, resolution: int, path: Path) -> None:
 
 def read_shapes3d(path: Path, kept: list[list[int]], resolution: int) -> np.ndarray:
     """The kept grid of a 3dshapes-layout h5 file, (n, 3, res, res) uint8 in grid order."""
-    import h5py
+    h5py = require("h5py", "shapes", "read_shapes3d (3dshapes files, datamodules.shapes.Shapes3D)")
 
     try:
         f = h5py.File(path, "r")

@@ -1,5 +1,8 @@
 """The command line: ``lightning fit --config recipes/quickstart.yaml`` (also ``zoo`` and ``python -m zoo``).
 
+``--config`` also takes a bundled recipe by its name (``--config quickstart``) from any folder, and
+``zoo recipes`` lists them (``zoo.recipes``).
+
 A LightningCLI in subclass mode: any LightningModule / LightningDataModule by class path, the
 zoo's own also by short name (``class_path: DeepLinearNet``); ``seed_everything`` defaults to
 0; the config is saved with each run; TensorBoard is the logger unless the config says
@@ -58,6 +61,7 @@ def _cli_class():
     from zoo.errors import before_first_batch, yaml_non_finite
     from zoo.config_checks import check_finite_settings, check_trainer_settings
     from zoo.distributed import register
+    from zoo.recipes import CONFIG_HELP, with_bundled_configs
 
     register()  # strategy "ddp": member-parallel for the ensembles (zoo.distributed.EnsembleDDP)
 
@@ -95,10 +99,15 @@ def _cli_class():
                 # reports a parse error, before anything runs
                 self.parser.error(f"invalid configuration: {err}")
 
+        def init_parser(self, **kwargs):
+            kwargs.setdefault("epilog", CONFIG_HELP)  # --config also takes a bundled recipe's name
+            return super().init_parser(**kwargs)
+
         def parse_arguments(self, parser, args) -> None:
-            # `nan`/`inf` on the command line reach the zoo's finite checks instead of being "a string"
+            # `nan`/`inf` on the command line reach the zoo's finite checks instead of being "a string";
+            # `--config quickstart`: a bundled recipe by its name (zoo.recipes)
             if isinstance(args, list) or args is None:
-                args = yaml_non_finite(sys.argv[1:] if args is None else args)
+                args = with_bundled_configs(yaml_non_finite(sys.argv[1:] if args is None else args))
                 self.config = parser.parse_args(args)
             else:
                 super().parse_arguments(parser, args)
@@ -279,6 +288,10 @@ def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning`` / ``zoo`` scripts. ``args`` defaults to ``sys.argv[1:]``."""
     argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["recipes"]:  # `zoo recipes`: the bundled recipes (zoo.recipes)
+        from zoo.recipes import main as list_recipes
+
+        sys.exit(list_recipes(argv[1:]))
     if not _is_ours(argv):
         _run_lightning_sdk(argv)
         return

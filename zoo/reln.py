@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.extras import require
 from zoo.theory.gdln import Gating
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -169,7 +170,8 @@ def centroids_per_k(rows: Tensor, ks: Sequence[int], *, random_state: int = 0,
 def check_discovery(ks: Sequence[int], *, n_hidden: int = 100, threshold: float = 0.5, rule: str = "kneedle",
                     rel_tol: float = 0.1, n_init: int = 10, caller: str = "ReLN discovery") -> None:
     """Raise a ValueError naming the first bad setting of ReLN discovery (``centroids_per_k``, the
-    gates' ``threshold``, ``elbow``), before a run that ends in it."""
+    gates' ``threshold``, ``elbow``), or ``zoo.extras.MissingExtra`` without scikit-learn, before a run
+    that ends in it."""
     checks = [("ks", ks, bool(ks) and all(int(k) >= 1 for k in ks) and len(set(ks)) == len(ks), "distinct positive integers"),
               ("n_hidden", n_hidden, n_hidden >= 1, "a positive integer"),
               ("threshold", threshold, 0 < threshold < 1, "a number in (0, 1)"),
@@ -178,6 +180,7 @@ def check_discovery(ks: Sequence[int], *, n_hidden: int = 100, threshold: float 
     for name, value, ok, allowed in checks:
         if not ok:
             raise ValueError(f"{caller}: {name} = {value!r}; allowed: {allowed}")
+    require("sklearn", "reln", f"{caller} (k-means of the activation patterns)")
 
 
 def elbow(ks: Sequence[int], errors: Sequence[float], rule: Literal["kneedle", "within"] = "kneedle",

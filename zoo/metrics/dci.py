@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from zoo.extras import require
+
 __all__ = ["DCIMetric", "DCISetting", "DCI_SETTINGS", "dci", "dci_from_importance", "dci_on_grid",
            "importance_matrix", "setting_with", "update_on_grid"]
 
@@ -227,6 +229,7 @@ class DCIMetric(Metric):
     def __init__(self, random_state: int = 0, n_estimators: int = 100, n_jobs: int = 1,
                  sync_on_compute: bool = True) -> None:
         super().__init__(sync_on_compute=sync_on_compute)
+        require("sklearn", "dci", "DCIMetric (DCI's gradient-boosted classifiers)")  # before any point is fed
         self.random_state, self.n_estimators, self.n_jobs = int(random_state), int(n_estimators), int(n_jobs)
         for name in ("codes_train", "factors_train", "codes_test", "factors_test"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
