@@ -2,7 +2,7 @@
 
 Lightning prints "💡 Tip: ..." lines that advertise its cloud products (``litlogger``,
 ``litmodels``) through its rank-zero logger, and Lightning's own code triggers a torch deprecation
-(``LeafSpec``) that a zoo user can do nothing about. :func:`quiet_run` drops exactly those
+(``LeafSpec``) and jsonargparse deprecations (Lightning's CLI) that a zoo user can do nothing about. :func:`quiet_run` drops exactly those
 messages, by logger and message or by message, category and module, for the duration of a CLI
 run (``zoo.cli.build_cli``) and nothing else: importing the zoo changes no filter, Lightning's
 other messages (a misconfiguration, a slow data loader) and the zoo's own warnings stay.
@@ -26,6 +26,10 @@ NOISE_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     # the zoo's full-batch tasks (datamodules.xor, shapes with val_size=0) return [] for "no
     # validation in fit", Lightning's documented way; a zero-length DataLoader still warns
     (r"Total length of `list` across ranks is zero", UserWarning, r"lightning\.pytorch\.utilities\.data"),
+    # Lightning's CLI calls jsonargparse API deprecated in 4.49 (add_instantiator, skip_none, ...);
+    # hidden by Python's default filters, shown under -W default, pytest or a notebook
+    (r"(?s).*(JsonargparseDeprecationWarning per type|was deprecated in v4\.\d+\.\d+ and will be removed in v5)",
+     DeprecationWarning, r"lightning\.pytorch\.cli"),
     # `zoo validate|test --ckpt_path`: the CLI adds its RunCheckpoint to fit only, and evaluating
     # needs nothing of its state; any other missing callback is still reported
     (r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
