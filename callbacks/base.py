@@ -22,6 +22,20 @@ def check_count(who: str, name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
+def shown_members(callback: pl.Callback, labels: list[str], cap: int | None, arg: str,
+                  what: str = "draws images of") -> list[str]:
+    """The first ``cap`` of the members ``labels`` (all when ``cap`` is None); when that leaves some
+    out, says so once, with how many and the argument that shows them (``cap`` 0 means "none": silent)."""
+    labels = list(labels)
+    if cap is None or cap >= len(labels):
+        return labels
+    if cap > 0:
+        name = type(callback).__name__
+        warn_once(f"{name} {what} {cap} of the {len(labels)} members ({', '.join(labels[:cap])}); "
+                  f"{len(labels) - cap} left out: set {name}'s {arg} to {len(labels)} to show every member")
+    return labels[:cap]
+
+
 class PeriodicCallback(pl.Callback):
     """A callback that works every ``every_n_steps`` units of its ``clock`` and costs nothing otherwise.
 

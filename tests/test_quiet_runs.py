@@ -78,3 +78,34 @@ def test_only_the_named_messages_are_dropped(heard):
     assert "Tip: a message of the same logger that is no advertisement" in lines
     assert sum("LeafSpec" in line for line in lines) == 2
     assert any("['Mine']" in line for line in lines)
+
+
+@pytest.mark.parametrize("max_images", [4, None])
+def test_an_image_callback_shows_every_member_or_says_how_many_it_left_out(tmp_path, one_thread, max_images):
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from callbacks.balance import Balance
+    from datamodules.regression import SemanticHierarchy
+    from zoo.deep_linear import DeepLinearNet
+    from zoo.init import LambdaBalanced
+
+    net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-8.0, -2.0, 0.0, 2.0, 8.0], scale=1e-3))
+    balance = Balance(every_n_steps=1) if max_images is None else Balance(every_n_steps=1, max_images=max_images)
+    trainer = pl.Trainer(max_steps=2, logger=TensorBoardLogger(tmp_path, name="tb", version=0), callbacks=[balance],
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", devices=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(net, datamodule=SemanticHierarchy(batches_per_epoch=2))
+    acc = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"images": 0})
+    acc.Reload()
+    drawn = sorted(t for t in acc.Tags()["images"] if t.startswith("balance/"))
+    said = [str(w.message) for w in caught if "left out" in str(w.message)]
+    if max_images is None:  # the default shows the quickstart's five
+        assert len(drawn) == 5 and not said
+    else:
+        assert drawn == sorted(f"balance/{lbl}" for lbl in net.labels[:4])
+        assert len(said) == 1, said  # once, though the images are drawn twice (start and end)
+        assert "4 of the 5 members" in said[0] and "1 left out" in said[0] and "max_images to 5" in said[0]
