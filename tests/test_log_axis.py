@@ -93,3 +93,5 @@ def test_a_callback_on_samples_logs_on_the_classifier_steps(tmp_path, one_thread
     errors = _steps(ev, "error/task1")
     assert errors[0] == 0 and errors[-1] == trainer.global_step and set(errors) <= set(range(7))
     assert torch.tensor(errors).diff().ge(1).all()  # one point per due, never two at one step
+    # validation at the end of the epoch: at the updates its weights have had (Lightning: one less)
+    assert [s for s, _ in ev["val/task1/error"]] == [6]
