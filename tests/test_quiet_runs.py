@@ -16,7 +16,8 @@ GDLN = ["--model=zoo.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_
         "--trainer.max_epochs=-1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 QS = ["--config", f"{REPO}/recipes/quickstart.yaml", "--trainer.max_steps=20", "--trainer.enable_progress_bar=false",
       "--trainer.enable_model_summary=false", "--trainer.callbacks=[]"]
-NOISE = ("💡 Tip", "litlogger", "litmodels", "LeafSpec", "Total length of `list`", "Please add the following callbacks")
+NOISE = ("💡 Tip", "litlogger", "litmodels", "LeafSpec", "Total length of `list`", "Please add the following callbacks",
+         "TPU available: False")
 
 
 class Recorder(logging.Handler):

@@ -1,11 +1,12 @@
 """A zoo run's console without other projects' advertisements and deprecation notices.
 
-Lightning prints "💡 Tip: ..." lines that advertise its cloud products (``litlogger``,
-``litmodels``) through its rank-zero logger, and Lightning's own code triggers a torch deprecation
-(``LeafSpec``) and jsonargparse deprecations (Lightning's CLI) that a zoo user can do nothing about. :func:`quiet_run` drops exactly those
-messages, by logger and message or by message, category and module, for the duration of a CLI
-run (``zoo.cli.build_cli``) and nothing else: importing the zoo changes no filter, Lightning's
-other messages (a misconfiguration, a slow data loader) and the zoo's own warnings stay.
+Lightning logs "💡 Tip: ..." lines that advertise its cloud products (``litlogger``,
+``litmodels``) and "TPU available: False ..." on machines without one, through its rank-zero
+logger; its own code triggers a torch deprecation (``LeafSpec``) and jsonargparse deprecations
+(its CLI) that a zoo user can do nothing about. :func:`quiet_run` drops exactly those messages, by
+logger and message or by message, category and module, for the duration of a CLI run
+(``zoo.cli.build_cli``) and nothing else: importing the zoo changes no filter; Lightning's other
+messages (a misconfiguration, a slow data loader) and the zoo's own warnings stay.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 TIP_LOGGER = "lightning.pytorch.utilities.rank_zero"
 # Lightning's advertisements: "💡 Tip: For seamless cloud logging ..." / "... cloud uploads ..."
 TIP_PREFIX = "💡 Tip: For seamless cloud "
+# lines of that logger that say nothing on a machine without the hardware they name
+IDLE_LINES = ("TPU available: False, using: 0 TPU cores",)
 
 # (message regex, category, module regex) of warnings that are noise in a zoo run
 NOISE_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
@@ -40,7 +43,8 @@ NOISE_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 
 class _DropTips(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(TIP_PREFIX)
+        message = record.getMessage()
+        return not (message.startswith(TIP_PREFIX) or message in IDLE_LINES)
 
 
 @contextlib.contextmanager
