@@ -31,8 +31,8 @@ def shown_members(callback: pl.Callback, labels: list[str], cap: int | None, arg
         return labels
     if cap > 0:
         name = type(callback).__name__
-        warn_once(f"{name} {what} {cap} of the {len(labels)} members ({', '.join(labels[:cap])}); "
-                  f"{len(labels) - cap} left out: set {name}'s {arg} to {len(labels)} to show every member")
+        warn_once(f"{name} {what} the first {cap} of the {len(labels)} members; {len(labels) - cap} left out "
+                  f"(from {labels[cap]}): set {name}'s {arg} to {len(labels)} to show every member")
     return labels[:cap]
 
 

@@ -109,4 +109,5 @@ def test_an_image_callback_shows_every_member_or_says_how_many_it_left_out(tmp_p
     else:
         assert drawn == sorted(f"balance/{lbl}" for lbl in net.labels[:4])
         assert len(said) == 1, said  # once, though the images are drawn twice (start and end)
-        assert "4 of the 5 members" in said[0] and "1 left out" in said[0] and "max_images to 5" in said[0]
+        assert f"the first 4 of the 5 members; 1 left out (from {net.labels[4]})" in said[0]
+        assert "set Balance's max_images to 5" in said[0]
