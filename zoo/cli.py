@@ -58,7 +58,6 @@ def _cli_class():
     from zoo.errors import before_first_batch, yaml_non_finite
     from zoo.config_checks import check_finite_settings, check_trainer_settings
     from zoo.distributed import register
-    from zoo.run_summary import reported_run
 
     register()  # strategy "ddp": member-parallel for the ensembles (zoo.distributed.EnsembleDDP)
 
@@ -116,7 +115,8 @@ def _cli_class():
                 check_trainer_settings(_section(self.config, "trainer") or {})
                 check_finite_settings(self.config.get(subcommand, self.config).as_dict())
                 check_checkpoint(kwargs.get("ckpt_path"), self.model)
-                # the run's folder, figures and checkpoint, printed at its end (zoo.run_summary)
+                from zoo.run_summary import reported_run  # the run's folder, figures, checkpoint at its end
+
                 with reported_run(self.trainer, subcommand, kwargs.get("ckpt_path")):
                     getattr(self.trainer, subcommand)(**kwargs)
 
