@@ -3,17 +3,18 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback, all_members, log_matrix, resuming
+from callbacks.base import PeriodicCallback, all_members, log_matrix, resuming, shown_members
 
 
 class Balance(PeriodicCallback):
     """Logs, per member, the largest deviation of the balance from its initial value
     (``balance/deviation/<member>``, 0 under gradient flow, O(lr) under GD) and the imbalance
     read off the weights (``balance/lam/<member>``). The balance matrices of up to
-    ``max_images`` members are logged as heatmaps at the start and the end of the fit.
+    ``max_images`` members are logged as heatmaps at the start and the end of the fit (a warning
+    says how many were left out).
     """
 
-    def __init__(self, every_n_steps: int = 10, max_images: int = 4) -> None:
+    def __init__(self, every_n_steps: int = 10, max_images: int = 8) -> None:
         super().__init__(every_n_steps)
         self.max_images = max_images
 
@@ -38,5 +39,5 @@ class Balance(PeriodicCallback):
         B = pl_module.balance().cpu()
         if not trainer.is_global_zero or B.numel() == 0:
             return
-        for e, lbl in enumerate(pl_module.labels[: self.max_images]):
+        for e, lbl in enumerate(shown_members(self, pl_module.labels, self.max_images, "max_images")):
             log_matrix(trainer, f"balance/{lbl}", B[0, e], title=f"W2^T W2 - W1 W1^T ({lbl})")

@@ -1,6 +1,6 @@
 """What every zoo callback shares: when it is due, and writing straight to the loggers.
 
-Callbacks write with ``logger.log_metrics(..., step=global_step)`` rather than ``self.log`` so
+Callbacks write with ``logger.log_metrics(..., step=<the module's axis>)`` rather than ``self.log`` so
 that their ``every_n_steps`` is honoured exactly, independent of the Trainer's
 ``log_every_n_steps``; Lightning's loggers write on rank 0 only.
 """
@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 from zoo.distributed import all_members, gather_outputs
 
 # the run's loggers and folder: re-exported so that callbacks import from this module alone
-from zoo.logs import log_figure, log_matrix, log_scalars, output_path, overlay_charts, warn_once, write_table  # noqa: F401
+from zoo.logs import log_figure, log_matrix, log_scalars, log_step, output_path, overlay_charts, warn_once, write_table  # noqa: F401
 
 
 def check_count(who: str, name: str, value: int, minimum: int = 1) -> int:
@@ -22,13 +22,28 @@ def check_count(who: str, name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
+def shown_members(callback: pl.Callback, labels: list[str], cap: int | None, arg: str,
+                  what: str = "draws images of") -> list[str]:
+    """The first ``cap`` of the members ``labels`` (all when ``cap`` is None); when that leaves some
+    out, says so once, with how many and the argument that shows them (``cap`` 0 means "none": silent)."""
+    labels = list(labels)
+    if cap is None or cap >= len(labels):
+        return labels
+    if cap > 0:
+        name = type(callback).__name__
+        warn_once(f"{name} {what} the first {cap} of the {len(labels)} members; {len(labels) - cap} left out "
+                  f"(from {labels[cap]}): set {name}'s {arg} to {len(labels)} to show every member")
+    return labels[:cap]
+
+
 class PeriodicCallback(pl.Callback):
     """A callback that works every ``every_n_steps`` units of its ``clock`` and costs nothing otherwise.
 
     ``unit`` says what the clock counts: ``"steps"`` (``trainer.global_step``, optimizer updates),
     ``"samples"`` (``pl_module.samples_seen``, e.g. the online-SGD steps of a teacher-student
-    student, the theory's time ``alpha * d``) or ``"epochs"`` (``pl_module.epochs_done``). Points
-    are logged at the clock's value, so TensorBoard's x-axis is the unit the theory uses.
+    student, the theory's time ``alpha * d``) or ``"epochs"`` (``pl_module.epochs_done``). Scalars
+    are logged on the module's axis (``zoo.logs.log_step``: ``global_step``, or ``samples_seen`` for a
+    module that logs on samples), the same as its ``loss``, whatever the unit.
     """
 
     unit: str = "steps"
@@ -83,10 +98,8 @@ class PeriodicCallback(pl.Callback):
         """The callback's work: at the start of training (``outputs`` None) and every n steps."""
 
     def log_scalars(self, trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
-        """Write ``metrics`` to every logger at ``step`` (default: ``global_step``, or for another
-        unit the clock at the last ``due``)."""
-        if step is None:
-            step = trainer.global_step if self.unit == "steps" else self.now
+        """Write ``metrics`` to every logger at ``step`` (default: the module's axis,
+        ``zoo.logs.log_step``, whichever ``unit`` schedules the callback)."""
         log_scalars(trainer, metrics, step)
 
     def need(self, pl_module: pl.LightningModule, *methods: str) -> None:

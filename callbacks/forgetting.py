@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, all_members, log_figure, warn_once, write_table
+from callbacks.base import HistoryCallback, all_members, log_figure, shown_members, warn_once, write_table
 from zoo.analysis.forgetting import (error_matrix, forgetting_transfer, member_table, paired_differences, per_group,
                                      profile_shape, profiles)
 
@@ -149,7 +149,8 @@ class Forgetting(HistoryCallback):
             self._log_members(trainer, pl_module, f"transfer{suffix}" + (f"/task{k + 1}" if k > 1 else ""), T)
 
     def _log_members(self, trainer, pl_module, tag: str, values: Tensor) -> None:
-        self.log_scalars(trainer, {f"{tag}/{lbl}": values[e] for e, lbl in enumerate(pl_module.labels[: self.max_members])})
+        labels = shown_members(self, pl_module.labels, self.max_members, "max_members", "logs scalars of")
+        self.log_scalars(trainer, {f"{tag}/{lbl}": values[e] for e, lbl in enumerate(labels)})
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # every rank: the ODE and the node norms read every member (a collective while sharded)

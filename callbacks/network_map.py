@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from callbacks.base import PeriodicCallback, log_matrix, resuming
+from callbacks.base import PeriodicCallback, log_matrix, resuming, shown_members
 
 
 class NetworkMap(PeriodicCallback):
-    """Every n steps, logs ``map/<member>`` images of up to ``max_images`` members; at the start,
+    """Every n steps, logs ``map/<member>`` images of up to ``max_images`` members (a warning says
+    how many were left out); at the start,
     ``map/target``, the whitened task map ``sigma_yx / c`` the network converges to.
     """
 
@@ -28,5 +29,5 @@ class NetworkMap(PeriodicCallback):
         if not trainer.is_global_zero:
             return
         M = pl_module.network_map().detach().cpu()
-        for e, lbl in enumerate(pl_module.labels[: self.max_images]):
+        for e, lbl in enumerate(shown_members(self, pl_module.labels, self.max_images, "max_images")):
             log_matrix(trainer, f"map/{lbl}", M[e], title=f"W_L...W_1 ({lbl}), step {trainer.global_step}")

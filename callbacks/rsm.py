@@ -4,12 +4,13 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from callbacks.base import PeriodicCallback, log_figure, log_matrix
+from callbacks.base import PeriodicCallback, log_figure, log_matrix, shown_members
 
 
 class RSM(PeriodicCallback):
     """Logs the input RSM ``W1^T W1`` and output RSM ``W2 W2^T`` of up to ``max_images`` members
-    as images (``rsm/input/<member>``, ``rsm/output/<member>``) every n steps; where the module
+    as images (``rsm/input/<member>``, ``rsm/output/<member>``) every n steps (a warning says how
+    many were left out); where the module
     predicts them (``predicted_rsms``: two-layer lambda-balanced, [L] Thm. 4.3) also
     ``.../theory`` images. At the end it logs ``zoo.plots.linear.matrix_grid`` (one row per
     member, simulated and predicted RSMs side by side) and writes it as ``rsm.png``.
@@ -36,7 +37,7 @@ class RSM(PeriodicCallback):
         if not trainer.is_global_zero:
             return
         for name, M in self._matrices(trainer, pl_module).items():
-            for e, lbl in enumerate(pl_module.labels[: self.max_images]):
+            for e, lbl in enumerate(shown_members(self, pl_module.labels, self.max_images, "max_images")):
                 tag = f"rsm/{name.split('/')[0]}/{lbl}" + ("/theory" if "theory" in name else "")
                 log_matrix(trainer, tag, M[e], title=f"{name} RSM ({lbl})")
 
@@ -47,7 +48,7 @@ class RSM(PeriodicCallback):
             return
         mats = self._matrices(trainer, pl_module)
         cols = sorted(mats)  # input, input/theory, output, output/theory
-        labels = pl_module.labels[: self.max_images]
+        labels = shown_members(self, pl_module.labels, self.max_images, "max_images")
         fig = matrix_grid(labels, [c.replace("/", " RSM, ") if "/" in c else f"{c} RSM" for c in cols], [[mats[c][e].numpy() for c in cols] for e in range(len(labels))],
                           title=f"representational similarity at step {trainer.global_step}")
         log_figure(trainer, "rsm", fig, png="rsm.png")

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from callbacks.base import (HistoryCallback, PeriodicCallback, all_members, check_count, log_figure, log_matrix,
-                            output_path, overlay_charts)
+                            output_path, overlay_charts, shown_members)
 from zoo.plots import pyplot
 
 
@@ -112,13 +112,13 @@ class OrderParameters(HistoryCallback):
         labels = pl_module.labels
         p, n_tasks, ps = R.shape[-2], R.shape[1], R.shape[-1]
         metrics = {}
-        for e, lbl in enumerate(labels[: self.max_members]):
+        for e, lbl in enumerate(shown_members(self, labels, self.max_members, "max_members", "logs scalars of")):
             metrics |= {f"Q/{lbl}/{_pair(i, j, p)}": Q[e, i, j] for i in range(p) for j in range(i, p)}
             metrics |= {f"R/{lbl}/task{t}/{_pair(i, n, max(p, ps))}": R[e, t, i, n]
                         for t in range(n_tasks) for i in range(p) for n in range(ps)}
         self.log_scalars(trainer, metrics)
         if trainer.is_global_zero and self._images_due(g):
-            for e, lbl in enumerate(labels[: self.max_images]):
+            for e, lbl in enumerate(shown_members(self, labels, self.max_images, "max_images")):
                 log_matrix(trainer, f"Q/{lbl}", Q[e], step=g, title=f"Q = W W^T / d  ({lbl}, step {g})")
                 for t in range(n_tasks):
                     log_matrix(trainer, f"R/{lbl}/task{t}", R[e, t], step=g,
@@ -147,7 +147,7 @@ class OrderParameters(HistoryCallback):
         Qs = [q.numpy() for q in h["snap_Q"]]
         H_Q = [entropies(q, torch.ones(q.shape[:-1]))["H_Q"].numpy() for q in h["snap_Q"]]
         fig = order_parameters_figure(
-            pl_module.labels[: self.max_images], np.asarray(h["steps"], dtype=float) / d,
+            shown_members(self, pl_module.labels, self.max_images, "max_images"), np.asarray(h["steps"], dtype=float) / d,
             torch.stack(h["errors"]).numpy() if h["errors"] else None, [s / d for s in h["snap_steps"]], Qs,
             [r.numpy() for r in h["snap_R"]], H_Q, [s / d for s in sorted(self._switches)], pl_module.activation_name)
         _end_figure(trainer, self, pl_module, "order_parameters", fig)
@@ -174,7 +174,8 @@ class Entropies(PeriodicCallback):
         for name, values in pl_module.entropies().items():
             values = values.detach().cpu()
             metrics[f"entropy/{name}/mean"] = values.mean()
-            metrics |= {f"entropy/{name}/{lbl}": values[e] for e, lbl in enumerate(pl_module.labels[: self.max_members])}
+            labels = shown_members(self, pl_module.labels, self.max_members, "max_members", "logs scalars of")
+            metrics |= {f"entropy/{name}/{lbl}": values[e] for e, lbl in enumerate(labels)}
         self.log_scalars(trainer, metrics)
 
 
@@ -228,7 +229,7 @@ class TheoryOverlay(HistoryCallback):
                              f"no mean-field theory; allowed: {', '.join(ACTIVATIONS)}. Use ErrorCurves(source='mc').")
         for why in ode_caveats(pl_module.activation_name, pl_module.eta, dm, getattr(pl_module, "ewc", None) is not None):
             rank_zero_warn(f"TheoryOverlay: the mean-field ODE does not describe this run: {why}")
-        labels = pl_module.labels[: self.max_members]
+        labels = shown_members(self, pl_module.labels, self.max_members, "max_members", "overlays the theory on")
         overlay_charts(trainer, "error: simulation vs mean-field ODE",
                        {lbl: f"error/{re.escape(lbl)}/task\\d+/(simulation|order_params|ode)$" for lbl in labels})
         overlay_charts(trainer, "error: relative deviation from the ODE", {"all members": "error/.*/rel_deviation$"})

@@ -25,7 +25,7 @@ import math
 from typing import Literal
 
 import torch
-from jsonargparse import lazy_instance
+from zoo.lazy import lazy_instance
 from torch import Tensor, nn
 
 from zoo.divergence import check_finite

@@ -124,7 +124,10 @@ def _cli_class():
                 check_trainer_settings(_section(self.config, "trainer") or {})
                 check_finite_settings(self.config.get(subcommand, self.config).as_dict())
                 check_checkpoint(kwargs.get("ckpt_path"), self.model)
-                getattr(self.trainer, subcommand)(**kwargs)
+                from zoo.run_summary import reported_run  # the run's folder, figures, checkpoint at its end
+
+                with reported_run(self.trainer, subcommand, kwargs.get("ckpt_path")):
+                    getattr(self.trainer, subcommand)(**kwargs)
 
         def fit(self, **kwargs) -> None:
             self._checked("fit", **kwargs)
@@ -329,17 +332,20 @@ def build_cli(args: list[str] | None = None, *, run: bool = True, parser_kwargs:
     import zoo.reln_imitation  # noqa: F401
     import zoo.init  # noqa: F401
 
-    return _cli_class()(
-        model_class=None,
-        datamodule_class=None,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        seed_everything_default=0,
-        args=args,
-        run=run,
-        auto_configure_optimizers=False,
-        parser_kwargs=parser_kwargs,
-    )
+    from zoo.quiet import quiet_run
+
+    with quiet_run():  # no Lightning tips nor third-party deprecations during the run (zoo.quiet)
+        return _cli_class()(
+            model_class=None,
+            datamodule_class=None,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            seed_everything_default=0,
+            args=args,
+            run=run,
+            auto_configure_optimizers=False,
+            parser_kwargs=parser_kwargs,
+        )
 
 
 if __name__ == "__main__":

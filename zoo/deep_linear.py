@@ -35,7 +35,7 @@ from typing import Callable
 
 import lightning.pytorch as pl
 import torch
-from jsonargparse import lazy_instance
+from zoo.lazy import lazy_instance
 from torch import Tensor, nn
 from torchmetrics.regression import MeanSquaredError
 

@@ -26,6 +26,17 @@ class StagedEvaluation:
 
     def on_validation_epoch_end(self) -> None:
         self.log_evaluation("val")
+        log_at_global_step(self)
 
     def on_test_epoch_end(self) -> None:
         self.log_evaluation("test")
+
+
+def log_at_global_step(module) -> None:
+    """In a fit, log Lightning's ``step`` key with this epoch's metrics: they go to the loggers at
+    ``global_step``, the updates the weights they measure have had, the x-axis of every scalar
+    (``zoo.logs.log_step``). Lightning's default there is one less: validation at the end of a
+    training epoch runs before it counts the epoch's last batch."""
+    if module.trainer.state.fn == "fit":
+        # the same number on every rank: the max over ranks is itself (and Lightning does not warn)
+        module.log("step", float(module.global_step), sync_dist=True, reduce_fx="max")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from jsonargparse import lazy_instance
+from zoo.lazy import lazy_instance
 from torch import Tensor
 
 from zoo.gdln import GDLN, members_of

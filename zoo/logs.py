@@ -28,9 +28,20 @@ def host_floats(metrics: dict[str, object]) -> dict[str, float]:
     return {k: out[k] for k in metrics}
 
 
+def log_step(trainer: pl.Trainer) -> int:
+    """Where the run's scalars go on TensorBoard's x-axis now: the updates the module's weights have
+    had, ``global_step``, or for a module whose batch is a block of online-SGD steps
+    (``logs_on_samples``, the teacher-student students: [S] Sec. 2.2) the SGD steps, ``samples_seen``.
+
+    The convention of every scalar the zoo logs: a value measured on the weights after ``x`` updates
+    is logged at ``x``; a callback logs at the module's axis whatever unit it schedules on."""
+    module = trainer.lightning_module
+    return int(module.samples_seen) if getattr(module, "logs_on_samples", False) else trainer.global_step
+
+
 def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
-    """Write ``metrics`` straight to every logger at ``step`` (default ``global_step``)."""
-    step = trainer.global_step if step is None else step
+    """Write ``metrics`` straight to every logger at ``step`` (default :func:`log_step`)."""
+    step = log_step(trainer) if step is None else step
     if trainer.loggers:
         values = host_floats(metrics)
         for logger in trainer.loggers:
@@ -96,7 +107,7 @@ def log_figure(trainer: pl.Trainer, tag: str, fig, png: str | None = None, step:
         if png is not None:
             path = output_path(trainer, png)
             fig.savefig(path)
-        step = trainer.global_step if step is None else step
+        step = log_step(trainer) if step is None else step
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):
                 lg.experiment.add_figure(tag, fig, global_step=step, close=False)

@@ -37,6 +37,7 @@ from torchmetrics import Metric
 from zoo.devices import kept_on
 from zoo.distributed import MemberParallel, all_members, is_sharded
 from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resolve_members
+from zoo.evaluation import log_at_global_step
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
@@ -483,6 +484,8 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         own_axis = self.logs_on_samples and self.trainer.state.fn == "fit"
         # equal on every rank: the max over ranks is each one's value (and Lightning does not warn)
         self.log_dict(metrics, logger=not own_axis, sync_dist=True, reduce_fx="max")
+        if metrics and not own_axis:
+            log_at_global_step(self)
         if own_axis and self.trainer.is_global_zero:
             for lg in self.trainer.loggers:
                 lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)

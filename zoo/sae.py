@@ -27,7 +27,7 @@ from typing import Literal
 
 import lightning.pytorch as pl
 import torch
-from jsonargparse import lazy_instance
+from zoo.lazy import lazy_instance
 from torch import Tensor, nn
 
 from zoo.distributed import MemberParallel

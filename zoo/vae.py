@@ -58,7 +58,7 @@ from typing import ClassVar
 
 import lightning.pytorch as pl
 import torch
-from jsonargparse import lazy_instance
+from zoo.lazy import lazy_instance
 from torch import Tensor, nn
 from torch.nn import functional as F
 
