@@ -26,5 +26,7 @@ demo: install
 test: install-dev
 	$(PYTHON) tests/shards.py
 
+# each bench prints its table and appends its rows to $BENCH_SUMMARY; the summary table ends the output
 bench: install
-	@for b in bench/bench_*.py; do echo "== $$b"; $(PYTHON) $$b || exit 1; done
+	@rows=$$(mktemp); for b in bench/bench_*.py; do echo "== $$b"; BENCH_SUMMARY=$$rows $(PYTHON) $$b || exit 1; done; \
+	  $(PYTHON) bench/summary.py $$rows; rm -f $$rows
