@@ -31,7 +31,6 @@ count does.
 from __future__ import annotations
 
 import functools
-import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
@@ -82,12 +81,15 @@ def broadcast_work(*args: Any, **kwargs: Any) -> tuple[int, Optional[torch.devic
     tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
     if not tensors:
         return 1, None
-    try:
-        work = math.prod(torch.broadcast_shapes(*(t.shape for t in tensors)))
-    except RuntimeError:
-        work = sum(t.numel() for t in tensors)
+    # by hand: torch.broadcast_shapes costs ~0.5 s on its first call (an import)
+    ndim = max(t.dim() for t in tensors)
+    work = 1
+    for axis in range(1, ndim + 1):
+        sizes = {t.shape[-axis] for t in tensors if t.dim() >= axis} - {1}
+        if len(sizes) > 1:
+            return sum(t.numel() for t in tensors), tensors[0].device
+        work *= sizes.pop() if sizes else 1
     return work, tensors[0].device
-
 
 def sized_threads(work: Callable[..., tuple[int, Optional[torch.device]]] = broadcast_work) -> Callable[[F], F]:
     """Decorator: run the function under ``threads_for_work(*work(*args, **kwargs))``; ``work``

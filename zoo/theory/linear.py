@@ -24,7 +24,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from zoo.threads import sized_threads
+from zoo.threads import broadcast_work, sized_threads
 
 Number = Union[float, int, Tensor]
 
@@ -369,11 +369,11 @@ def _qqt_work(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Numbe
     """Elements of :func:`qqt`'s per-block intermediates (members x times x N x N, capped at
     ``_QQT_BLOCK``) for :func:`zoo.threads.threads_for`, and the device."""
     try:
-        batch = torch.broadcast_shapes(W1.shape[:-2], W2.shape[:-2], sigma_yx.shape[:-2], torch.as_tensor(lam).shape)
+        batch, _ = broadcast_work(W1[..., 0, 0], W2[..., 0, 0], sigma_yx[..., 0, 0], torch.as_tensor(lam))
         N = W1.shape[-1] + W2.shape[-2]
-    except (AttributeError, RuntimeError, IndexError):
+    except (TypeError, IndexError):
         return 0, None  # malformed: qqt raises the error that names it
-    work = math.prod(batch) * max(1, torch.as_tensor(t).numel()) * N * N
+    work = batch * max(1, torch.as_tensor(t).numel()) * N * N
     return min(work, _QQT_BLOCK), W1.device
 
 
