@@ -1,29 +1,43 @@
-"""Mean-field ODE throughput: one vectorised integration of a 20 x 20 grid against a member loop.
+"""Mean-field ODE ([S] Eqs. 20-22): the 20 x 20 grid against a hand-written Euler loop, and steady under load.
 
-    python bench/bench_meanfield.py [--loop-members 4] [--threads 1 2]
+    python bench/bench_meanfield.py [--threads 1] [--rounds 3]
 
-(default: one thread, integrate's default; on a busy 2-core machine 2 threads were 4x slower).
+The grid is the polar readout of [S] Sec. 4.2 (r in [0.1, 2], theta in [0, pi/4]): 400 members,
+p = 2 students, p* = 1 teacher per task, erf, eta = 1, sigma_w = 1e-3, two teachers at feature
+similarity gamma = 0.5, 30 time units on each task, Euler step 0.01 (6000 steps).
 
-The grid is the polar readout of [S] Sec. 4.2 (r in [0.1, 2], theta in [0, pi/4]) for p = 2
-students and p* = 1 teacher per task, erf, eta = 1, sigma_w = 1e-3, two teachers at feature
-similarity gamma = 0.5, 30 time units on each task (60 in all), Euler step 0.01 (6000 steps).
-All 400 members are integrated at once by `zoo.theory.meanfield.integrate`; the reference is the
-same call made member by member in a Python loop, timed on a few members and scaled to 400.
-Target: under 30 s for the grid on a 2-core CPU.
+Rows:
+1. ``integrate`` (all members at once, the loop over Euler steps only) against the strongest
+   hand-written loop of the same arithmetic: an Euler loop that calls ``derivatives`` (the public
+   right-hand side, vectorised over members) every step and adds ``d_alpha`` times it to
+   ``Q, R, h``. Both end on the same bits (checked). At ``--threads`` (default 1) on both sides.
+2. Under load: torch at 2 threads (``max(2, --threads)``) and a process spinning on a core for
+   the length of the measurement (an artificial load, bounded in time and stopped after it),
+   ``integrate`` with its scoped thread choice (``cpu_threads="auto"``: one thread at this size,
+   ``zoo.threads``) against the unscoped call (``cpu_threads=None``: torch's 2 threads), on the
+   first ``LOAD_ALPHA`` time units (the unscoped call is ~10-20x slower there). Same bits checked.
+   Goal 2x: a second thread that waits for a busy core costs more than that; the scoped path must
+   not pay it.
+
+The GPU column: the vectorised integration with every input on the GPU (n/a without one).
 """
 from __future__ import annotations
 
-import argparse
 import math
+import subprocess
+import sys
 import time
 
 import torch
 
-from zoo.theory.meanfield import integrate
-
+import harness
 from gpu_column import GPU, HEADING, cell, clock, on_gpu
+from zoo.theory.meanfield import derivatives, integrate
+from zoo.threads import num_threads
 
 N_R, N_THETA, ALPHA1, ALPHA2, D_ALPHA = 20, 20, 30.0, 30.0, 0.01
+LOAD_ALPHA = 2.0  # time units integrated under load (1 on each task)
+SPIN_LIMIT_S = 300  # the load process stops by itself after this, whatever happens here
 
 
 def grid() -> tuple[torch.Tensor, ...]:
@@ -41,51 +55,98 @@ def grid() -> tuple[torch.Tensor, ...]:
     return Q0, R0, T, heads0, hT
 
 
-def run(Q0, R0, T, heads0, hT, threads: int):
-    return integrate(Q0, R0, T, heads0, hT, activation="erf", eta=1.0, alpha_switch=ALPHA1,
-                     alpha_end=ALPHA1 + ALPHA2, d_alpha=D_ALPHA, record_every=0.5, cpu_threads=threads)
+def zoo_ode(inputs, alpha_end: float, cpu_threads="auto"):
+    """``integrate`` over ``[0, alpha_end]``, switching task halfway; the final (Q, R, heads)."""
+    tr = integrate(*inputs, activation="erf", eta=1.0, alpha_switch=alpha_end / 2, alpha_end=alpha_end,
+                   d_alpha=D_ALPHA, record_every=0.5, cpu_threads=cpu_threads)
+    return tr.Q[:, -1], tr.R[:, -1], tr.heads[:, -1]
 
 
-def vectorised_on_gpu(Q0, R0, T, heads0, hT) -> float:
-    """The vectorised integration with every input on ``GPU`` (cpu_threads is ignored there)."""
-    args = [t.to(GPU) for t in (Q0, R0, T, heads0, hT)]
-    run(*args, threads=1)  # warm-up: kernels and allocator
+def euler_loop(inputs, alpha_end: float):
+    """The hand-written loop: ``X <- X + d_alpha dX/dalpha`` with ``derivatives`` every step."""
+    Q, R, T, heads, hT = (x.clone() for x in inputs)
+    n_steps, switch = round(alpha_end / D_ALPHA), round(alpha_end / 2 / D_ALPHA)
+    for step in range(n_steps):
+        task = 0 if step < switch else 1
+        dQ, dR, dh = derivatives(Q, R, T, heads, hT, task, activation="erf", eta=1.0)
+        Q += D_ALPHA * dQ
+        R += D_ALPHA * dR
+        heads[:, task] += D_ALPHA * dh
+    return Q, R, heads
+
+
+def timed(fn, *args, **kwargs):
+    """A callable for ``harness.interleaved``: runs ``fn`` and returns its seconds, keeping the
+    last result in ``timed.result[fn]`` for the equality check."""
+    def run() -> float:
+        t0 = time.perf_counter()
+        timed.result[(fn, kwargs.get("cpu_threads"))] = fn(*args, **kwargs)
+        return time.perf_counter() - t0
+    return run
+
+
+timed.result = {}
+
+
+def same_bits(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def spinning(seconds: float) -> subprocess.Popen:
+    """A process that keeps one core busy for at most ``seconds`` (killed earlier by the caller)."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def gpu_seconds(inputs) -> float:
+    """The vectorised integration with every input on ``GPU`` (the thread choice is CPU only)."""
+    moved = [t.to(GPU) for t in inputs]
+    zoo_ode(moved, ALPHA1 + ALPHA2)  # warm-up: kernels and allocator
     t0 = clock(GPU)
-    run(*args, threads=1)
+    zoo_ode(moved, ALPHA1 + ALPHA2)
     return clock(GPU) - t0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--loop-members", type=int, default=4, help="members timed in the Python loop")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1],
-                    help="torch intra-op threads to try (integrate's cpu_threads)")
-    args = ap.parse_args()
-    Q0, R0, T, heads0, hT = grid()
-    E = Q0.shape[0]
-    steps = round((ALPHA1 + ALPHA2) / D_ALPHA)
-    rows = []
-    for threads in args.threads:
-        t0 = time.perf_counter()
-        tr = run(Q0, R0, T, heads0, hT, threads)
-        vec = time.perf_counter() - t0
-        m = args.loop_members
-        t0 = time.perf_counter()
-        for e in range(m):
-            one = run(Q0[e], R0[e], T, heads0[e], hT, threads)
-        loop = (time.perf_counter() - t0) * E / m
-        assert torch.allclose(one.eps[0], tr.eps[m - 1], rtol=1e-10, atol=1e-14)
-        rows.append((threads, E, steps, vec, loop))
-    print(f"mean-field ODE, erf, p=2, p*=1, {E} members ({N_R} x {N_THETA} polar heads), "
-          f"{ALPHA1 + ALPHA2:g} time units, d_alpha={D_ALPHA} ({steps} Euler steps)")
-    gpu = on_gpu(vectorised_on_gpu, Q0, R0, T, heads0, hT)
-    print(f"{'threads':>7} | {'members':>7} | {'vectorised s':>12} | {'us/member-step':>14} | "
-          f"{'loop s (scaled)':>15} | {'speed-up':>8} | {HEADING + ' vectorised s':>20}")
-    print("-" * 103)
-    for threads, E, steps, vec, loop in rows:
-        print(f"{threads:>7} | {E:>7} | {vec:>12.2f} | {vec / (E * steps) * 1e6:>14.3f} | "
-              f"{loop:>15.1f} | {loop / vec:>7.1f}x | {cell(gpu, 20)}")
-    print(f"(loop: {args.loop_members} members timed one by one with the same integrate call, scaled to {E})")
+    args = harness.arguments(__doc__, rounds=3)
+    inputs = grid()
+    E, alpha = inputs[0].shape[0], ALPHA1 + ALPHA2
+    print(f"mean-field ODE, erf, p=2, p*=1, {E} members ({N_R} x {N_THETA} polar heads), {alpha:g} time units, "
+          f"d_alpha={D_ALPHA} ({round(alpha / D_ALPHA)} Euler steps), load average {harness.load_average()}")
+
+    times = harness.interleaved({"zoo": timed(zoo_ode, inputs, alpha), "loop": timed(euler_loop, inputs, alpha)},
+                                args.rounds)
+    equal = same_bits(timed.result[(zoo_ode, None)], timed.result[(euler_loop, None)])
+    print(f"integrate vs the hand-written Euler loop: final Q, R, heads bit-identical: {equal}")
+
+    threads = max(2, args.threads)
+    spinner = spinning(SPIN_LIMIT_S)
+    try:
+        time.sleep(0.2)  # let the spinner start
+        with num_threads(threads):
+            loaded = harness.interleaved({"scoped": timed(zoo_ode, inputs, LOAD_ALPHA, cpu_threads="auto"),
+                                          "unscoped": timed(zoo_ode, inputs, LOAD_ALPHA, cpu_threads=None)},
+                                         args.rounds)
+            load_seen = harness.load_average()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    equal_load = same_bits(timed.result[(zoo_ode, "auto")], timed.result[(zoo_ode, None)])
+    print(f"under load ({threads} torch threads, a spinning process, load average {load_seen}): scoped vs unscoped "
+          f"bit-identical: {equal_load}")
+
+    harness.report([
+        harness.Row(f"mean-field ODE, {N_R}x{N_THETA} grid x {alpha:g} time units, vs Euler loop of derivatives",
+                    zoo=harness.median(times["zoo"]), baseline=harness.median(times["loop"]), unit="s", goal=1.0,
+                    lower_is_better=True),
+        harness.Row(f"mean-field ODE under load, {threads} threads, {LOAD_ALPHA:g} time units: scoped vs unscoped",
+                    zoo=harness.median(loaded["scoped"]), baseline=harness.median(loaded["unscoped"]), unit="s",
+                    goal=2.0, lower_is_better=True),
+    ])
+    gpu = on_gpu(gpu_seconds, inputs)
+    print(f"{HEADING} column, vectorised integration, {alpha:g} time units: {cell(gpu, 8)} s")
+    if not (equal and equal_load):
+        sys.exit("bench_meanfield: the two sides' results differ")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from typing import Union
 import torch
 from torch import Tensor
 
+from zoo.threads import broadcast_work, sized_threads
+
 Number = Union[float, int, Tensor]
 
 __all__ = [
@@ -70,6 +72,7 @@ def _phi(mu: Tensor, t: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # scalar modes
 # ---------------------------------------------------------------------------------------------
+@sized_threads()
 def saxe_mode(t: Number, *, s: Number, d: Number = 1.0, tau: Number = 1.0, a0: Number) -> Tensor:
     """Saxe sigmoid of a balanced mode from small init ([H] App. C Eq. 18, docs/theory.md#saxe-mode).
 
@@ -121,6 +124,7 @@ def _aligned_from_g(g: Tensor, l: Tensor, s: Tensor) -> Tensor:
     return s * (p - l * q * g) * (1.0 + l * g) / (p + 2.0 * p * q * g - l * l * q * g * g)
 
 
+@sized_threads()
 def aligned_singular_value(
     t: Number, *, lam: Number, s: Number, tau: Number = 1.0, a0: Number
 ) -> Tensor:
@@ -167,6 +171,7 @@ def _balanced_mode(t: Tensor, s: Tensor, tau: Tensor, a0: Tensor) -> Tensor:
     return torch.where(a0 < 0, reversed_, saxe_mode(t, s=s, d=1.0, tau=tau, a0=a0.clamp_min(0.0)))
 
 
+@sized_threads()
 def omega(t: Number, *, lam: Number, s: Number, d: Number = 1.0, tau: Number = 1.0,
           omega0: Number) -> Tensor:
     """Effective singular value of one pathway ``y = h w^T x`` ([S] Eq. 3 = Eq. 14, App. A).
@@ -210,6 +215,7 @@ def _time_to(target: Tensor, *, lam: Tensor, s: Tensor, d: Tensor, tau: Tensor,
     return tau / k * torch.log(ratio)
 
 
+@sized_threads()
 def escape_time(v_hat: Number, *, lam: Number, s: Number, d: Number = 1.0, tau: Number = 1.0,
                 omega0: Number) -> Tensor:
     """Escape time ``t_hat``: the time at which ``omega(t) = v_hat`` ([S] Eqs. 15-16).
@@ -222,6 +228,7 @@ def escape_time(v_hat: Number, *, lam: Number, s: Number, d: Number = 1.0, tau: 
     return _time_to(v_hat, lam=lam, s=s, d=d, tau=tau, omega0=omega0)
 
 
+@sized_threads()
 def hitting_time(v_star: Number, *, lam: Number, s: Number, d: Number = 1.0, tau: Number = 1.0,
                  omega0: Number) -> Tensor:
     """Hitting time ``t*``: the time at which ``omega(t) = s/d - v_star`` ([S] Eqs. 17-18).
@@ -276,6 +283,7 @@ def _riccati_F(sigma_yx: Tensor, lam: Tensor) -> Tensor:
     return torch.cat([top, bottom], dim=-2) + torch.diag_embed(diag)
 
 
+@sized_threads(lambda *a, **k: _qqt_work(*a, **k))
 def qqt(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number,
         tau: Number = 1.0) -> Tensor:
     """Exact ``QQ^T(t)`` of a lambda-balanced two-layer linear network ([L] Thm. 4.3).
@@ -355,6 +363,20 @@ def qqt(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number,
     return out.reshape(*batch, T, N, N)
 
 
+
+def _qqt_work(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number, tau: Number = 1.0
+              ) -> tuple[int, torch.device | None]:
+    """Elements of :func:`qqt`'s per-block intermediates (members x times x N x N, capped at
+    ``_QQT_BLOCK``) for :func:`zoo.threads.threads_for`, and the device."""
+    try:
+        batch, _ = broadcast_work(W1[..., 0, 0], W2[..., 0, 0], sigma_yx[..., 0, 0], torch.as_tensor(lam))
+        N = W1.shape[-1] + W2.shape[-2]
+    except (TypeError, IndexError):
+        return 0, None  # malformed: qqt raises the error that names it
+    work = batch * max(1, torch.as_tensor(t).numel()) * N * N
+    return min(work, _QQT_BLOCK), W1.device
+
+
 _QQT_BLOCK = 1 << 20  # elements per (members x times x n_h x N) intermediate (8 MiB in float64)
 
 
@@ -382,6 +404,7 @@ def _qqt_block(mu: Tensor, P: Tensor, L: Tensor, t: Tensor, out: Tensor | None =
     return torch.matmul(Vt.transpose(-1, -2), Vt, out=out)
 
 
+@sized_threads(lambda *a, **k: _qqt_work(*a, **k))
 def qqt_stable(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number,
                tau: Number = 1.0) -> Tensor:
     """``QQ^T(t)`` in the stable equal-dimension form ([L] App. B.5; docs/theory.md#qqt-stable).

@@ -59,11 +59,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Literal, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from zoo.threads import num_threads, sized_threads, threads_for
 
 __all__ = [
     "ACTIVATIONS",
@@ -277,6 +279,7 @@ def _float(x: Union[Tensor, float, Sequence[float]], like: Optional[Tensor] = No
     return x
 
 
+@sized_threads()
 def generalisation_error(
     Q: Tensor, R: Tensor, T: Tensor, h: Tensor, h_T: Tensor, activation: str = "erf"
 ) -> Tensor:
@@ -434,6 +437,7 @@ def _to_last(x: Tensor) -> Tensor:
     return x.movedim(0, -1).contiguous()
 
 
+@sized_threads(lambda Q, R, *args, **kwargs: (_step_work(Q, R), torch.as_tensor(Q).device))
 def derivatives(
     Q: Tensor, R: Tensor, T: Tensor, heads: Tensor, teacher_heads: Tensor, task: int, *,
     activation: str = "erf", eta: float = 1.0, eta2_term: Optional[bool] = None,
@@ -547,7 +551,7 @@ def integrate(
     d_alpha: float = 0.01,
     record_every: float = 0.1,
     eta2_term: Optional[bool] = None,
-    cpu_threads: Optional[int] = 1,
+    cpu_threads: Union[int, Literal["auto"], None] = "auto",
 ) -> MeanFieldTrajectory:
     """Euler integration of the continual-learning ODEs [S] Eqs. 20-22 (Lee et al. 2021).
 
@@ -576,24 +580,36 @@ def integrate(
             start, every switch and the end are always recorded.
         eta2_term: include the ``eta^2 I4`` term of the ``Q`` equation; default True for erf and
             linear, False (and True not allowed) for ReLU.
-        cpu_threads: torch intra-op threads while integrating on the CPU (the previous setting is
-            restored on return); ``None`` leaves torch's setting alone. The default, 1, is the
-            fastest for the small per-step tensors: with 2 threads on a busy 2-core machine the
-            400-member benchmark ran 4x slower. Ignored on other devices.
+        cpu_threads: torch intra-op threads while integrating on the CPU, for this call only (the
+            previous count is restored on return or error). ``"auto"`` (default) chooses by size
+            (:func:`zoo.threads.threads_for` of the per-step work ``E p N (p + p*)``, ``N = p +
+            n_tasks p*``): one thread below :data:`zoo.threads.SMALL_WORK` elements (a 400-member
+            grid ran 14x slower on 2 threads than on 1 with the other core busy), torch's setting
+            above; an integer forces that count; ``None`` leaves torch's setting alone. Ignored on
+            other devices.
 
     Returns:
         A :class:`MeanFieldTrajectory`.
     """
-    if cpu_threads is None or torch.as_tensor(Q0).device.type != "cpu":
+    if isinstance(cpu_threads, str):
+        if cpu_threads != "auto":
+            raise ValueError(f"meanfield: cpu_threads must be 'auto', a positive integer or None, got {cpu_threads!r}")
+        cpu_threads = threads_for(_step_work(Q0, R0), torch.as_tensor(Q0).device)
+    elif torch.as_tensor(Q0).device.type != "cpu":
+        cpu_threads = None
+    with num_threads(cpu_threads):
         return _integrate(Q0, R0, T, heads0, teacher_heads, activation, eta, alpha_switch, alpha_end,
                           d_alpha, record_every, eta2_term)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads)
-    try:
-        return _integrate(Q0, R0, T, heads0, teacher_heads, activation, eta, alpha_switch, alpha_end,
-                          d_alpha, record_every, eta2_term)
-    finally:
-        torch.set_num_threads(previous)
+
+
+def _step_work(Q0: Tensor, R0: Tensor) -> int:
+    """Elements of the largest elementwise tensor of one Euler step: the ``I3`` terms, ``E p N M``."""
+    shape = torch.as_tensor(R0).shape
+    if len(shape) < 3:
+        return 0  # malformed: _prepare raises the error that names it
+    E = 1 if torch.as_tensor(Q0).dim() == 2 else shape[0]
+    n, p, ps = shape[-3], shape[-2], shape[-1]
+    return E * p * (p + n * ps) * (p + ps)
 
 
 def _integrate(Q0, R0, T, heads0, teacher_heads, activation, eta, alpha_switch, alpha_end, d_alpha,

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from zoo.theory.linear import Number, _tensors, _time_to, hitting_time, omega
+from zoo.threads import broadcast_work, sized_threads
 
 __all__ = ["PhaseDiagram", "phase_diagram", "simulate_two_pathways", "initial_omegas"]
 
@@ -74,6 +75,7 @@ def initial_omegas(lam1: Tensor, lam2: Tensor, omega0: Optional[Number], a0: Opt
     return a * torch.sqrt(b1sq), a * torch.sqrt(b2sq)
 
 
+@sized_threads()  # the RK4 loop's operations are grid-sized
 def phase_diagram(
     lam1: Number,
     lam2: Number,
@@ -207,6 +209,7 @@ def phase_diagram(
     )
 
 
+@sized_threads(lambda *a, n_in=1, **k: (2 * n_in * broadcast_work(*a, **k)[0], broadcast_work(*a, **k)[1]))
 def simulate_two_pathways(
     lam1: Number,
     lam2: Number,
