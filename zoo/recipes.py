@@ -121,7 +121,8 @@ def resolve_config(value: str, recipes: dict[str, Path] | None = None) -> str:
     name = name_of(value)
     if name in recipes:
         return str(recipes[name])
-    raise ValueError(f"--config {value}: no such file, and no bundled recipe of that name{_did_you_mean(name, recipes)}; "
+    what = "a folder, not a file" if Path(value).is_dir() else "no such file"
+    raise ValueError(f"--config {value}: {what}, and no bundled recipe of that name{_did_you_mean(name, recipes)}; "
                      "allowed: the path of a YAML file, or a bundled recipe's name (`zoo recipes` lists them, "
                      "e.g. quickstart)")
 
