@@ -1,7 +1,8 @@
 """The vectorised BetaVAESweep (issue #21, zoo.vae_stacked): the stacked chain against each net's
 own layers, a vectorised member against a separate BetaVAE stepped by the same fused Adam on the
 same noise, the switch's one-by-one path against it, a member-parallel slice against the whole
-sweep, and the stacked storage through a dtype move, a checkpoint load and gradient accumulation."""
+sweep, and the stacked storage through a dtype move, a checkpoint load and gradient accumulation.
+Every test on one thread (tiny networks; on a loaded CPU a second thread makes them crawl)."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 from zoo.init import Gain
 from zoo.vae import BetaVAE, BetaVAESweep
 from zoo.vae_stacked import SharedStacks, stacked_layers, stacked_mlp
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARGS = dict(latent_dim=3, encoder_widths=[16, 8], decoder_widths=[8, 16], lr=1e-2, image_shape=[1, 8, 8])
 GAINS, SEEDS = [0.5, 2.0], [0, 1]
