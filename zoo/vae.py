@@ -639,7 +639,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
                 outs.append(m.losses(x, step))
             else:
                 m.skip_noise(x.shape[0])
-        return {key: torch.stack([o[key] for o in outs]) for key in outs[0]}
+        return {key: torch.stack([o[key] for o in outs]) for key, v in outs[0].items() if isinstance(v, Tensor)}
 
     _shared_stacks: dict[str, SharedStacks] | None = None
 
