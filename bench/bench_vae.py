@@ -1,7 +1,7 @@
 """One training step of the CPU-sized Fig. 4 sweep (recipes/specialisation/fig4_gain_dci.yaml):
 the vectorised BetaVAESweep against the same models stepped one after another.
 
-    python bench/bench_vae.py [--threads 1] [--rounds 5] [--steps 4]
+    python bench/bench_vae.py [--threads 1] [--rounds 5]
 
 Sizes of the recipe: 12 beta-VAEs (3 gains x 4 seeds), 16x16x3 images, widths 256-128-64-32,
 L = 10, batch 64, lr 1e-3. Each step is the forward pass, the backward pass and Adam's update.
@@ -16,9 +16,9 @@ L = 10, batch 64, lr 1e-3. Each step is the forward pass, the backward pass and 
 
 Both sides draw the reparameterisation noise from one generator each, model by model in member
 order, so they draw the same noise. The check printed at the end: the largest relative difference
-of the losses between the zoo and each baseline over every timed step, and of the weights at the
-end relative to the distance training moved them (float tolerance: the batched products round
-otherwise); the bench fails above 1e-4 for the losses or 5 % for the weights.
+of the losses between the zoo and each baseline over every timed step, and the weights' difference
+after 3 steps from the same start relative to the distance training moved them (float tolerance:
+the batched products round otherwise); the bench fails above 1e-4 for either.
 The GPU column (when CUDA is present) is the same pair on the GPU, and its speed-up.
 """
 from __future__ import annotations
@@ -99,6 +99,21 @@ def moved_gap(a: list[torch.Tensor], b: list[torch.Tensor], start: list[torch.Te
     return (diff / travel).item()
 
 
+CHECK_STEPS = 3
+
+
+def fresh_weight_gap(fused: bool) -> float:
+    """:func:`moved_gap` of a fresh zoo and a fresh baseline after ``CHECK_STEPS`` steps (few:
+    the runs drift apart over many, see there)."""
+    x = torch.rand(BATCH, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    (zoo, a), (loop, b) = sweep_side(), separate_side(fused)
+    start = [p.detach().clone() for p in b]
+    for i in range(CHECK_STEPS):
+        zoo(x, i)
+        loop(x, i)
+    return moved_gap(a, b, start)
+
+
 def gpu_pair(steps: int, rounds: int) -> tuple[float, float]:
     """Median s/step of the zoo and of the separate models (fused Adam) on the GPU."""
     x = torch.rand(BATCH, 3, 16, 16, generator=torch.Generator().manual_seed(0)).to(GPU)
@@ -116,7 +131,6 @@ def main() -> None:
     steps = 4
     x = torch.rand(BATCH, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     sides = {"zoo": sweep_side(), "loop": separate_side(fused=True), "loop (default Adam)": separate_side(False)}
-    start = [p.detach().clone() for p in sides["loop"][1]]
     counters = {k: [0] for k in sides}
     losses: dict[str, list[torch.Tensor]] = {k: [] for k in sides}
     for k, (step, _) in sides.items():  # warm-up, also part of the compared runs
@@ -132,10 +146,10 @@ def main() -> None:
     agree = True
     for k in ("loop", "loop (default Adam)"):
         loss_gap = relative_gap(losses["zoo"], losses[k])
-        weight_gap = moved_gap(sides["zoo"][1], sides[k][1], start)
-        agree = agree and loss_gap <= 1e-4 and weight_gap <= 0.05
-        print(f"zoo vs {k}: after {counters[k][0]} steps, the losses differ by {loss_gap:.1e} (relative), the "
-              f"weights by {weight_gap:.1e} of the distance training moved them")
+        weight_gap = fresh_weight_gap(k == "loop")
+        agree = agree and loss_gap <= 1e-4 and weight_gap <= 1e-4
+        print(f"zoo vs {k}: over {counters[k][0]} steps the losses differ by {loss_gap:.1e} (relative, largest); "
+              f"after {CHECK_STEPS} steps from the same start the weights by {weight_gap:.1e} of their travel")
     gpu = on_gpu(gpu_pair, steps, args.rounds)
     if isinstance(gpu, tuple):
         print(f"{HEADING}: zoo {gpu[0]:.4f} s/step, separate models (fused Adam) {gpu[1]:.4f} s/step, "
