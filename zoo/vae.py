@@ -71,6 +71,7 @@ from zoo.member_modules import ModuleMembers
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.evaluation import StagedEvaluation
 from zoo.progress import Progress, attached_trainer
+from zoo.vae_stacked import SharedStacks, stacked_layers, stacked_mlp
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
 """Hidden widths of the encoder body (disentanglement-pytorch's deep fully connected encoder)."""
@@ -500,7 +501,15 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     data order and the reparameterisation noise are shared structure; [S] App. D varies the data
     order with the seed as well.
 
-    Args: as :class:`BetaVAE`, with ``seeds`` the weight seeds of every initialisation.
+    Args: as :class:`BetaVAE`, with ``seeds`` the weight seeds of every initialisation, and
+    ``vectorise``: step the members together (issue #21; default) rather than one after another.
+    Vectorised, a training step runs every member's encoder and decoder as one batched computation
+    over their stacked weights (``zoo.vae_stacked``; each member keeps its own parameters) and Adam
+    is torch's fused kernel (one pass over the parameters instead of seven): the same maths per
+    member, rounded otherwise (summation order; tests/test_vae_vectorised.py checks it against the
+    members stepped one by one), so ``vectorise: false`` reproduces runs made before it bit for bit.
+    A ``member_class`` that overrides ``encode``, ``decode``, ``losses`` or ``build`` is stepped
+    one by one; one that overrides ``reparameterise`` or ``regulariser`` is vectorised around them.
     ``member_class`` (a class attribute) is the model each member is: a subclass of this sweep
     that sets it sweeps a variant.
     """
@@ -521,9 +530,13 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         encoder_widths: list[int] = ENCODER_WIDTHS,
         decoder_widths: list[int] = DECODER_WIDTHS,
         image_shape: list[int] | None = None,
+        vectorise: bool = True,
     ) -> None:
         super().__init__()
         name = type(self).__name__
+        if not isinstance(vectorise, bool):
+            raise ValueError(f"{name}: vectorise = {vectorise!r}; allowed: true or false")
+        self.vectorise = vectorise
         enc, dec = from_spec(init_encoder).checked(), from_spec(init_decoder).checked()
         if not seeds:
             raise ValueError(f"{name}: seeds = {seeds!r}; allowed: a non-empty list of integers")
@@ -609,20 +622,82 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     def on_all_members_back(self) -> None:
         self._local_metrics(len(self.members), sync=True)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x = batch[0]
-        self.count_samples(x.shape[0])
+    def _vectorised(self) -> bool:
+        """Whether a step runs the members together (``vectorise`` and a member class whose network
+        and loss are BetaVAE's own)."""
+        cls = type(self.members[0])
+        return self.vectorise and all(getattr(cls, f) is getattr(BetaVAE, f)
+                                      for f in ("encode", "decode", "losses", "build"))
+
+    def _losses_one_by_one(self, x: Tensor, step: int) -> dict[str, Tensor]:
+        """``losses`` of this rank's members, each entry stacked over them."""
         local = range(len(self.members))[self.member_slice]
         outs = []
         for k, m in enumerate(self.members):
             # the members draw their noise in turn from one generator: one trained elsewhere still draws
             if k in local:
-                outs.append(m.losses(x, self.global_step))
+                outs.append(m.losses(x, step))
             else:
                 m.skip_noise(x.shape[0])
-        losses = torch.stack([o["loss"] for o in outs])
+        return {key: torch.stack([o[key] for o in outs]) for key, v in outs[0].items() if isinstance(v, Tensor)}
+
+    _shared_stacks: dict[str, SharedStacks] | None = None
+
+    def _stacked_layers(self, local: range) -> tuple[list[tuple[Tensor, Tensor]], list[tuple[Tensor, Tensor]]]:
+        """Encoder and decoder layers ``(W, b)`` of members ``local``, stacked (``zoo.vae_stacked``):
+        views of the members' parameters, or, under data-parallel DDP (whose gradient hooks sit on
+        the parameters), copies."""
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.world_size > 1 and not is_sharded(self):
+            return (stacked_layers([self.members[k].encoder for k in local]),
+                    stacked_layers([self.members[k].decoder for k in local]))
+        if self._shared_stacks is None:
+            self._shared_stacks = {part: SharedStacks([getattr(m, part) for m in self.members])
+                                   for part in ("encoder", "decoder")}
+        return tuple(self._shared_stacks[part].leaves(local.start, local.stop) for part in ("encoder", "decoder"))
+
+    def _losses_together(self, x: Tensor, step: int) -> dict[str, Tensor]:
+        """:meth:`BetaVAE.losses` of this rank's members computed together (``zoo.vae_stacked``),
+        each entry stacked over them: the same terms, the noise drawn in the same order."""
+        local = range(len(self.members))[self.member_slice]
+        models = [self.members[k] for k in local]
+        encoder, decoder = self._stacked_layers(local)
+        pixels = x.flatten(1).to(models[0].encoder[0].weight.dtype)
+        mu, logvar = stacked_mlp(pixels, encoder).chunk(2, dim=-1)
+        cls, B = type(models[0]), x.shape[0]
+        if cls.reparameterise is BetaVAE.reparameterise:  # one noise tensor, one transfer
+            eps = [m.draw_noise(B) if k in local else m.skip_noise(B) for k, m in enumerate(self.members)]
+            eps = torch.stack([e for e in eps if e is not None])
+            if mu.device.type == "cuda":
+                eps = eps.pin_memory().to(mu.device, non_blocking=True)
+            z = mu + torch.exp(0.5 * logvar) * eps.to(mu.device, mu.dtype)
+        else:
+            zs = [m.reparameterise(mu[local.index(k)], logvar[local.index(k)]) if k in local else m.skip_noise(B)
+                  for k, m in enumerate(self.members)]
+            z = torch.stack([v for v in zs if v is not None])
+        logits = stacked_mlp(z, decoder)
+        recon = F.binary_cross_entropy_with_logits(logits, pixels.to(mu.dtype).expand_as(logits),
+                                                   reduction="none").sum(-1).mean(-1)
+        kl_per_latent = gaussian_kl(mu, logvar).mean(1)
+        reg = torch.stack([m.regulariser(mu[i], logvar[i], z[i], step) for i, m in enumerate(models)])
+        active = ((mu.detach().var(1) > ACTIVE_THRESHOLD).sum(-1).float() if B > 1
+                  else torch.zeros(len(models), device=mu.device))
+        return {"loss": recon + reg, "reconstruction": recon, "kl": kl_per_latent.sum(-1), "regulariser": reg,
+                "kl_per_latent": kl_per_latent, "active_latents": active}
+
+    def member_losses(self, x: Tensor, step: int) -> dict[str, Tensor]:
+        """:meth:`BetaVAE.losses` of this rank's members on images x at ``step``, each entry stacked
+        over them (``loss`` (E,), ..., ``kl_per_latent`` (E, L)); vectorised or one by one (``vectorise``).
+        Draws every member's noise, in member order."""
+        return (self._losses_together if self._vectorised() else self._losses_one_by_one)(x, step)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x = batch[0]
+        self.count_samples(x.shape[0])
+        out = self.member_losses(x, self.global_step)
+        losses = out["loss"]
         # one gather of every member's numbers (identity in one process), so that all ranks decide alike
-        stats = self._all_members(torch.stack([torch.stack([o[k].detach().float() for o in outs]) for k in
+        stats = self._all_members(torch.stack([out[k].detach().float() for k in
                                                ("loss", "reconstruction", "kl", "active_latents")], 1))
         loss, recon, kl, active = stats.unbind(1)
         check_finite(loss, step=self.global_step, labels=self.labels,
@@ -635,8 +710,10 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         return losses.sum()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        # over every member: the same parameter list (and checkpoint layout) on any number of processes
-        return self.track_optimizer(torch.optim.Adam(self.parameters(), lr=self.lr))
+        # over every member: the same parameter list (and checkpoint layout) on any number of processes;
+        # fused (vectorised): one pass over each tensor, per element the same Adam, rounded otherwise
+        fused = self.vectorise and {p.device.type for p in self.parameters()} <= {"cpu", "cuda"}
+        return self.track_optimizer(torch.optim.Adam(self.parameters(), lr=self.lr, fused=fused or None))
 
 
 def vae_members(module: nn.Module, where: Sequence[dict] | None = None) -> list[tuple[str, BetaVAE]]:
