@@ -422,11 +422,13 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, list[Tensor] | None]:
         """``steps_per_batch`` GD steps with closed-form gradients; the losses (E,) of the first and
-        the last step, and the weights at the start (None for one step). The loop holds only the arithmetic of a step and its ``optimizer.step()``
-        (Lightning counts the gradient steps there); the losses of the steps between are not
-        computed (the loss is logged once per batch) and nothing is read on the host: the caller
-        checks the two losses once. The weights at the start are kept so that a divergence can be
-        replayed to name its first step (:meth:`_stop_diverged`)."""
+        the last step, and the weights at the start (None for one step), kept so that a divergence
+        can be replayed to name its first step (:meth:`_stop_diverged`).
+
+        The loop holds only a step's arithmetic and its ``optimizer.step()`` (Lightning counts the
+        gradient steps there, for ``max_steps`` and the callbacks); the losses of the steps between
+        are not computed (the loss is logged once per batch) and nothing is read on the host: the
+        caller checks the two losses once."""
         opt, params = self.optimizers(), list(self.W)
         Ws = [W.detach() for W in params]  # plain tensors: a Parameter's every operation costs more Python
         x, y = self._gd_batch(batch)
@@ -467,9 +469,9 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         """A member's loss was not finite at the first or the last step of this call (``losses``,
         (2, E)): replay the call's plain GD steps from its starting weights ``start`` (the same
         arithmetic, the same numbers) for every step's loss, and stop naming the first step at which
-        each member diverged. A member whose loss is not finite at some step has weights that are not
-        finite after it (NaN and inf propagate through the products), so its last step's loss is
-        not finite either: checking the first and the last step misses no divergence."""
+        each member diverged. Weights that turn non-finite stay so (NaN and inf propagate through
+        the products), so a member that diverges inside a batch has a non-finite loss at its last
+        step; only a loss that overflowed and came back finite within one batch goes unreported."""
         if start is not None:
             Ws, rows = [W.clone() for W in start], []
             x, y = self._gd_batch(batch)
