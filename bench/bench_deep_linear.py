@@ -11,9 +11,10 @@ sides end on the same weights, checked bit for bit here.
 
 Two regimes: 100 steps per batch (E = 100, the recipes' many-step setting: the cost that remains
 is each step's ``optimizer.step()``, which Lightning must see to count the step), and one step per
-batch with E = 4096 members (every batch pays Lightning's per-batch work; at this size a step
-is about ten milliseconds, so that work is within the goal's tenth; with fewer members a step
-costs less and raising ``steps_per_batch`` is the setting that amortises it).
+batch with E = 4096 members (every batch pays Lightning's per-batch work, its logging and the
+finiteness check: at this size a step takes about 5 ms on an idle core, so a per-batch cost of
+0.5 ms is the goal's tenth; with fewer members a step costs less and raising
+``steps_per_batch`` is the setting that amortises that work).
 """
 from __future__ import annotations
 
