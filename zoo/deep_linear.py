@@ -384,59 +384,32 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         return 0.5 * (self(x) - y.to(self.W[0].dtype)).pow(2).sum(-1).mean(-1)
 
     def losses_and_gradients(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, list[Tensor]]:
-        """:meth:`member_loss` (E,) and its gradient with respect to every layer, in closed form.
+        """:meth:`member_loss` (E,) and its gradient with respect to every layer, in closed form
+        (:func:`closed_form_gradients`): the same numbers autograd gives, without building its
+        graph, which costs more than the arithmetic for the papers' small networks."""
+        x, y = self._gd_batch(batch)
+        D, grads = closed_form_gradients(list(self.W), x, y)
+        return half_mean_squared(D), grads
 
-        With ``M = W_L ... W_1`` and the residual ``D = M x - y``, ``dL/dM = D^T x / N``, and layer
-        ``l`` receives ``(W_L ... W_{l+1})^T dL/dM (W_{l-1} ... W_1)^T`` ([L] Eq. 2's right-hand
-        side): the same numbers autograd gives, without building its graph, which costs more
-        than the arithmetic for the papers' small networks.
-        """
+    def _gd_batch(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """The batch as :func:`closed_form_gradients` takes it: inputs (E, N, n_in), targets in the weights' dtype."""
         x, y = batch
-        Ws = list(self.W)
-        x = self._per_member(x.to(Ws[0].dtype))
-        below = [None]  # below[l] = W_{l-1} ... W_1 (None: the identity)
-        for W in Ws[:-1]:
-            below.append(W if below[-1] is None else W @ below[-1])
-        M = Ws[-1] if below[-1] is None else Ws[-1] @ below[-1]
-        D = x @ M.transpose(-1, -2) - y.to(M.dtype)  # (E, N, n_out)
-        N = D.shape[-2]
-        losses = 0.5 * D.pow(2).sum(-1).mean(-1)
-        G = D.transpose(-1, -2) @ x / N  # dL/dM, (E, n_out, n_in)
-        grads: list[Tensor] = [None] * len(Ws)  # type: ignore[list-item]
-        above = None  # W_L ... W_{l+1}
-        for l in range(len(Ws) - 1, -1, -1):
-            g = G if above is None else above.transpose(-1, -2) @ G
-            grads[l] = g if below[l] is None else g @ below[l].transpose(-1, -2)
-            above = Ws[l] if above is None else above @ Ws[l]
-        return losses, grads
+        dtype = self.W[0].dtype
+        return self._per_member(x.to(dtype)), y.to(dtype)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        opt = self.optimizers()
-        first_step, step_losses = self.global_step, []
+        first_step = self.global_step
         # a subclass that changes the loss gets autograd; the zoo's own loss has closed-form gradients
-        closed_form = type(self).member_loss is DeepLinearNet.member_loss
-        data_parallel = not is_sharded(self) and self.trainer.world_size > 1
-        for _ in range(self.steps_per_batch):
-            if closed_form:
-                with torch.no_grad():
-                    losses, grads = self.losses_and_gradients(batch)
-                    if data_parallel:  # what DDP's backward hooks do for autograd: the ranks' mean gradient
-                        grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
-            else:
-                losses = self.member_loss(batch)
-            step_losses.append(losses.detach())
-            if closed_form:
-                for W, g in zip(self.W, grads):
-                    W.grad = g
-            else:
-                opt.zero_grad(set_to_none=True)
-                self.manual_backward(losses.sum())
-            opt.step()
+        if type(self).member_loss is DeepLinearNet.member_loss:
+            first, last, start = self._closed_form_steps(batch)
+            # every member's losses on every rank (members are sharded across processes): one exchange
+            # and one host sync per call, and every rank takes the same decision on divergence
+            losses = self.all_member_values(torch.stack([first, last]), dim=1)
+            if not bool(torch.isfinite(losses).all()):
+                self._stop_diverged(batch, first_step, losses, start)
+        else:
+            losses = self._autograd_steps(batch, first_step)
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
-        # every member's losses of this call's steps on every rank (members are sharded across processes):
-        # one exchange and one host sync per call, and every rank takes the same decision on divergence
-        losses = self.all_member_values(torch.stack(step_losses), dim=1)
-        self._check_finite(losses, first_step)
         first = losses[0]
         self.log("loss", first.mean(), prog_bar=True)
         # a logged "step" is the loggers' x-axis (Lightning's documented rule): the step these losses
@@ -446,6 +419,75 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
         # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
         return {"loss": first.sum(), "member_loss": first, "loss_step": first_step}
+
+    def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, list[Tensor] | None]:
+        """``steps_per_batch`` GD steps with closed-form gradients; the losses (E,) of the first and
+        the last step, and the weights at the start (None for one step), kept so that a divergence
+        can be replayed to name its first step (:meth:`_stop_diverged`).
+
+        The loop holds only a step's arithmetic and its ``optimizer.step()`` (Lightning counts the
+        gradient steps there, for ``max_steps`` and the callbacks); the losses of the steps between
+        are not computed (the loss is logged once per batch) and nothing is read on the host: the
+        caller checks the two losses once."""
+        opt, params = self.optimizers(), list(self.W)
+        Ws = [W.detach() for W in params]  # plain tensors: a Parameter's every operation costs more Python
+        x, y = self._gd_batch(batch)
+        data_parallel = not is_sharded(self) and self.trainer.world_size > 1
+        start = [W.clone() for W in Ws] if self.steps_per_batch > 1 else None
+        last_step = self.steps_per_batch - 1
+        with torch.no_grad():
+            for k in range(self.steps_per_batch):
+                D, grads = closed_form_gradients(Ws, x, y)
+                if k == 0:
+                    first = half_mean_squared(D)
+                if k == last_step:
+                    last = first if k == 0 else half_mean_squared(D)
+                if data_parallel:  # what DDP's backward hooks do for autograd: the ranks' mean gradient
+                    grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
+                for W, g in zip(params, grads):
+                    W.grad = g
+                opt.step()  # the update, by the configured optimizer; Lightning counts it as a step
+        return first, last, start
+
+    def _autograd_steps(self, batch: tuple[Tensor, Tensor], first_step: int) -> Tensor:
+        """``steps_per_batch`` steps of autograd on :meth:`member_loss` (a subclass's loss); every
+        step's losses of every member, (steps, E), checked (a subclass's loss may be finite again
+        after a non-finite one)."""
+        opt, step_losses = self.optimizers(), []
+        for _ in range(self.steps_per_batch):
+            losses = self.member_loss(batch)
+            step_losses.append(losses.detach())
+            opt.zero_grad(set_to_none=True)
+            self.manual_backward(losses.sum())
+            opt.step()
+        losses = self.all_member_values(torch.stack(step_losses), dim=1)
+        self._check_finite(losses, first_step)
+        return losses
+
+    def _stop_diverged(self, batch: tuple[Tensor, Tensor], first_step: int, losses: Tensor,
+                       start: list[Tensor] | None) -> None:
+        """A member's loss was not finite at the first or the last step of this call (``losses``,
+        (2, E)): replay the call's plain GD steps from its starting weights ``start`` (the same
+        arithmetic, the same numbers) for every step's loss, and stop naming the first step at which
+        each member diverged. Weights that turn non-finite stay so (NaN and inf propagate through
+        the products), so a member that diverges inside a batch has a non-finite loss at its last
+        step; only a loss that overflowed and came back finite within one batch goes unreported."""
+        if start is not None:
+            Ws, rows = [W.clone() for W in start], []
+            x, y = self._gd_batch(batch)
+            data_parallel = not is_sharded(self) and self.trainer.world_size > 1
+            with torch.no_grad():
+                for _ in range(self.steps_per_batch):
+                    D, grads = closed_form_gradients(Ws, x, y)
+                    rows.append(half_mean_squared(D))
+                    if data_parallel:
+                        grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
+                    for W, g in zip(Ws, grads):
+                        W.add_(g, alpha=-self.lr)
+            self._check_finite(self.all_member_values(torch.stack(rows), dim=1), first_step)
+        # no replay (one step), or one that did not reproduce the run (an optimizer other than plain GD)
+        self._check_finite(losses[:1], first_step)
+        self._check_finite(losses[1:], first_step + self.steps_per_batch - 1)
 
     def _check_finite(self, losses: Tensor, first_step: int) -> None:
         """Stop on the first of this call's steps (rows of ``losses``, (steps, E)) where a member's
@@ -495,6 +537,35 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """The residual ``D = M x - y`` (E, N, n_out) and the gradient of ``1/(2N) sum_i |D_i|^2`` with
+    respect to every layer of ``Ws`` (each (E, out, in), input to output); ``x`` (E, N, n_in).
+
+    With ``M = W_L ... W_1``, ``dL/dM = D^T x / N``, and layer ``l`` receives
+    ``(W_L ... W_{l+1})^T dL/dM (W_{l-1} ... W_1)^T`` ([L] Eq. 2's right-hand side). Only the
+    products these need are formed (a GD step of a two-layer net is five batched matrix products).
+    """
+    below: list[Tensor | None] = [None]  # below[l] = W_{l-1} ... W_1 (None: the identity)
+    for W in Ws[:-1]:
+        below.append(W if below[-1] is None else W @ below[-1])
+    M = Ws[-1] if below[-1] is None else Ws[-1] @ below[-1]
+    D = x @ M.transpose(-1, -2) - y  # (E, N, n_out)
+    G = D.transpose(-1, -2) @ x / D.shape[-2]  # dL/dM, (E, n_out, n_in)
+    grads: list[Tensor] = [None] * len(Ws)  # type: ignore[list-item]
+    above = None  # W_L ... W_{l+1}
+    for l in range(len(Ws) - 1, -1, -1):
+        g = G if above is None else above.transpose(-1, -2) @ G
+        grads[l] = g if below[l] is None else g @ below[l].transpose(-1, -2)
+        if l:  # the product of every layer is not needed
+            above = Ws[l] if above is None else above @ Ws[l]
+    return D, grads
+
+
+def half_mean_squared(D: Tensor) -> Tensor:
+    """``1/(2N) sum_i |D_i|^2`` of residuals (E, N, n_out): each member's loss, (E,)."""
+    return 0.5 * D.pow(2).sum(-1).mean(-1)
 
 
 def scheme_member_params(scheme: InitScheme, ensemble: int, seed: int) -> list[dict]:

@@ -1,0 +1,82 @@
+"""DeepLinearNet's training loop (closed-form gradients, several steps per ``training_step``, the
+loss read once per batch) against a hand-written loop of plain gradient descent: the same bits."""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from datamodules import SemanticHierarchy, WhitenedRegression
+from zoo import DeepLinearNet, DivergenceError
+from zoo.init import Gaussian, LambdaBalanced
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def fit(net: DeepLinearNet, dm, max_steps: int) -> pl.Trainer:
+    t = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, accelerator="cpu", devices=1)
+    t.fit(net, datamodule=dm)
+    return t
+
+
+def hand_gd(Ws: list[torch.Tensor], X: torch.Tensor, Y: torch.Tensor, lr: float, steps: int):
+    """Plain GD on ``1/(2N) sum |W_L...W_1 x - y|^2`` written out for two and three layers ([L] Eq. 2),
+    every product in the order the module forms it; the final weights and each step's losses (E,)."""
+    x = X.expand(Ws[0].shape[0], *X.shape)
+    losses = []
+    for _ in range(steps):
+        if len(Ws) == 2:
+            W1, W2 = Ws
+            D = x @ (W2 @ W1).transpose(-1, -2) - Y
+            G = D.transpose(-1, -2) @ x / D.shape[-2]
+            grads = [W2.transpose(-1, -2) @ G, G @ W1.transpose(-1, -2)]
+        else:
+            W1, W2, W3 = Ws
+            W21 = W2 @ W1
+            D = x @ (W3 @ W21).transpose(-1, -2) - Y
+            G = D.transpose(-1, -2) @ x / D.shape[-2]
+            grads = [(W3 @ W2).transpose(-1, -2) @ G, W3.transpose(-1, -2) @ G @ W1.transpose(-1, -2),
+                     G @ W21.transpose(-1, -2)]
+        losses.append(0.5 * D.pow(2).sum(-1).mean(-1))
+        Ws = [W.add(g, alpha=-lr) for W, g in zip(Ws, grads)]  # torch.optim.SGD's update
+    return Ws, losses
+
+
+@pytest.mark.parametrize("steps_per_batch", [1, 7])
+def test_two_layers_train_to_the_bits_of_plain_gd(steps_per_batch):
+    dm = SemanticHierarchy(batches_per_epoch=2)  # epochs of 2 batches: the loop crosses epoch ends
+    net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 0.0, 2.0], scale=0.1), lr=0.05,
+                        steps_per_batch=steps_per_batch)
+    start = [W.detach().clone() for W in net.W]
+    t = fit(net, dm, 21)
+    assert t.global_step == 21  # one optimizer step per gradient step
+    Ws, losses = hand_gd(start, dm.X, dm.Y, 0.05, 21)
+    assert all(torch.equal(W, V) for W, V in zip(net.W, Ws))
+    # the loss logged for the last batch is the one of the weights at its first step
+    assert torch.equal(t.callback_metrics["loss"], losses[21 - steps_per_batch].mean())
+
+
+def test_three_layers_train_to_the_bits_of_plain_gd():
+    dm = WhitenedRegression(n_in=4, n_out=4, num_samples=12, batches_per_epoch=3)
+    net = DeepLinearNet(dims=[4, 3, 2, 4], init=Gaussian(sigma=[0.3, 0.5]), lr=0.1, steps_per_batch=4)
+    start = [W.detach().clone() for W in net.W]
+    fit(net, dm, 24)
+    Ws, _ = hand_gd(start, dm.X, dm.Y, 0.1, 24)
+    assert all(torch.equal(W, V) for W, V in zip(net.W, Ws))
+
+
+@pytest.mark.parametrize("steps_per_batch", [1, 10])
+def test_a_divergence_inside_a_batch_names_its_first_step_and_member(steps_per_batch):
+    """The loss is read at the first and the last step of a batch only; the step named is still the
+    first non-finite one of plain GD (the module replays the batch to find it)."""
+    dm = WhitenedRegression(n_in=4, n_out=4, num_samples=12)
+    init = LambdaBalanced(lam=[0.0, 30.0], scale=1.0)
+    net = DeepLinearNet(dims=[4, 4, 4], init=init, lr=0.2, steps_per_batch=steps_per_batch)
+    _, losses = hand_gd([W.detach().clone() for W in net.W], dm.X, dm.Y, 0.2, 200)
+    bad = [s for s, l in enumerate(losses) if not torch.isfinite(l).all()]
+    assert bad and torch.isfinite(torch.stack(losses)[:, 0]).all()  # member lam=30 diverges, lam=0 does not
+    # the step where a batch starts must differ from the first bad one for the replay to be tested
+    assert steps_per_batch == 1 or bad[0] % steps_per_batch
+    with pytest.raises(DivergenceError, match=rf"not finite at step {bad[0]} for ensemble member\(s\) lam=30: "):
+        fit(net, dm, 200)
