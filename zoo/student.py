@@ -50,6 +50,7 @@ from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
+from zoo.student_scalar import online_block
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
 
@@ -401,6 +402,8 @@ class MultiHeadStudent(MultiHeadModule):
         W = self.W.data.view(E * p, d)
         if (self.ewc is not None and self.ewc.active) or self.custom_update:
             block, W = self._stepwise_block, _padded(W, E_pad * p)
+        elif B == 1 and self.n_members() == 1 and x.device.type == "cpu":
+            block, nb = self._scalar_block, self._scalar_block_size()
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
         if W.data_ptr() != self.W.data.data_ptr():
@@ -445,6 +448,17 @@ class MultiHeadStudent(MultiHeadModule):
             h.addcmul_(fE, dl, value=-c_head)
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
         _add_rows_times(W, Gb[:, : W.shape[0]].T, Xb, -c_W)
+
+    def _scalar_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+        """One block of online SGD of a single student, its recursion in Python floats
+        (:mod:`zoo.student_scalar`: a step of tiny tensors costs their dispatch, not their numbers)."""
+        kappa, c_u, c_head, c_W = self._constants(1)
+        online_block(W, h[0], Xb, Yb[:, 0], Db[:, 0], self.activation_name, kappa / math.sqrt(self.d), c_u, c_head, c_W)
+
+    def _scalar_block_size(self) -> int:
+        """Samples per block of the scalar kernel: at most 32 (a step's sums of products grow with
+        the block, ~30 ns a term), fewer at large d as for the tensor kernels (``_block_size``)."""
+        return min(32, self._block_size(1))
 
     def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
