@@ -29,7 +29,11 @@ and every update of ``W`` is rank one along an input. Within a block of ``n`` sa
 the block's pre-activations only (``n x E p`` numbers, not ``E p x d``), and applies all
 updates at the end with one product
 ``W <- W_0 - (eta / sqrt d) G^T X``. This is the same arithmetic as step-by-step SGD (up to
-rounding; a test checks it against a plain loop) at a fraction of its memory traffic.
+rounding; a test checks it against a plain loop) at a fraction of its memory traffic. The block
+length shrinks as d grows (the Gram matrix costs ``n d`` a step: ``_block_size``). A single
+student (one member, one sample a step, on the CPU) runs the recursion on Python floats
+(:mod:`zoo.student_scalar`): its tensors would hold a few numbers, and a step would cost the
+dispatch of its dozen tensor operations. Small ensembles train on one CPU thread (``_cpu_threads``).
 """
 from __future__ import annotations
 
@@ -364,7 +368,7 @@ class MultiHeadStudent(MultiHeadModule):
         A small student is a sequence of tiny ops (a step touches ``E p`` numbers) and small BLAS
         products; a second thread has nothing to share, and on a busy machine every parallel region
         waits for a core: with torch's 2 threads on the loaded 2-core machine a single student ran
-        ~10-20x slower (``bench/bench_student.py --threads 2``). One thread also makes its bits
+        10-60x slower (``bench/bench_student.py --threads 2``). One thread also makes its bits
         independent of the caller's thread count. The count is chosen from the whole ensemble
         (``n_members``), so every slice of a member-parallel run chooses alike; the caller's count
         is restored on return (``zoo.gdln.cpu_threads``), never changed for the process."""
@@ -379,7 +383,8 @@ class MultiHeadStudent(MultiHeadModule):
         Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step. With
         the EWC penalty on, or a subclass overriding ``activation``, ``activation_grad`` or
         ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
-        A small ensemble runs on one CPU thread (``_cpu_threads``).
+        A single student takes the scalar kernel (``_scalar_block``); a small ensemble runs on one
+        CPU thread (``_cpu_threads``).
         """
         with cpu_threads(self._cpu_threads(x.device)):
             return self._sgd_steps(x, y, task)
