@@ -124,3 +124,15 @@ def test_a_large_ensemble_keeps_the_callers_thread_count(two_threads, monkeypatc
     monkeypatch.setattr(zoo.student, "THREADED_WEIGHTS", 2 * 2 * 40)  # this ensemble's first layer: "large"
     net.sgd_steps(x.float(), y.float(), task=0)
     assert seen == [1, 2]
+
+
+def test_the_two_unit_recursion_is_the_general_one_written_out():
+    """p = 2 (every [S] student) takes a written-out loop: the same operations, the same bits."""
+    g = torch.Generator().manual_seed(5)
+    U0, K = torch.randn(12, 2, generator=g).tolist(), (1e-2 * torch.randn(12, 12, generator=g)).tolist()
+    y, head = torch.randn(12, generator=g).tolist(), [0.8, -0.3]
+    for name, act in zoo.student_scalar.ACTIVATIONS.items():
+        fast_head, any_head = list(head), list(head)
+        fast = zoo.student_scalar._two_units(act, U0, K, y, fast_head, 0.05)
+        general = zoo.student_scalar._any_units(act, U0, K, y, any_head, 0.05)
+        assert fast == general and fast_head == any_head, name

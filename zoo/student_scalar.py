@@ -59,12 +59,20 @@ def online_block(W: Tensor, h: Tensor, Xb: Tensor, yb: Tensor, db: Tensor, activ
     makes ``u``; ``c_u``, ``c_head``, ``c_W`` are the steps of ``u`` (per Gram entry), the head
     and ``W`` (``MultiHeadStudent._constants``). ``db`` receives every step's ``Delta``.
     """
-    act = ACTIVATIONS[activation]
     U0 = (W @ Xb.T).T.mul_(scale_u).tolist()  # (n, p): pre-activations at W_0
     K = (Xb @ Xb.T).mul_(c_u).tolist()  # c (x_m . x_j)
     y, head = yb.tolist(), h.tolist()
-    p = len(head)
-    G: list[list[float]] = [[] for _ in range(p)]  # g of every step so far, unit by unit
+    recursion = _two_units if len(head) == 2 else _any_units
+    G, deltas = recursion(ACTIVATIONS[activation], U0, K, y, head, c_head)
+    W.addmm_(torch.tensor(G, dtype=W.dtype, device=W.device), Xb, alpha=-c_W)
+    h.copy_(torch.tensor(head, dtype=h.dtype))
+    db.copy_(torch.tensor(deltas, dtype=db.dtype))
+
+
+def _any_units(act, U0, K, y, head, c_head):
+    """The block's steps for any number of units: ``g`` of every unit (p lists) and every ``Delta``;
+    ``head`` (a list) is updated in place."""
+    G: list[list[float]] = [[] for _ in head]  # g of every step so far, unit by unit
     deltas = []
     for u0, k, y_j in zip(U0, K, y):
         # sum(map(mul, k, g)): the corrections of the earlier steps (g holds them; map stops there)
@@ -74,6 +82,24 @@ def online_block(W: Tensor, h: Tensor, Xb: Tensor, yb: Tensor, db: Tensor, activ
             g.append(delta * head[i] * df)
             head[i] -= c_head * delta * f
         deltas.append(delta)
-    W.addmm_(torch.tensor(G, dtype=W.dtype, device=W.device), Xb, alpha=-c_W)
-    h.copy_(torch.tensor(head, dtype=h.dtype))
-    db.copy_(torch.tensor(deltas, dtype=db.dtype))
+    return G, deltas
+
+
+def _two_units(act, U0, K, y, head, c_head):
+    """:func:`_any_units` written out for p = 2 ([S]'s students), twice as fast; the same
+    operations in the same order, so the same bits."""
+    h0, h1 = head
+    G0: list[float] = []
+    G1: list[float] = []
+    deltas = []
+    for (u0, u1), k, y_j in zip(U0, K, y):
+        f0, df0 = act(u0 - sum(map(mul, k, G0)))
+        f1, df1 = act(u1 - sum(map(mul, k, G1)))
+        delta = 0.0 + f0 * h0 + f1 * h1 - y_j  # sum() of _any_units starts at 0.0 too
+        G0.append(delta * h0 * df0)
+        G1.append(delta * h1 * df1)
+        h0 -= c_head * delta * f0
+        h1 -= c_head * delta * f1
+        deltas.append(delta)
+    head[:] = [h0, h1]
+    return [G0, G1], deltas
