@@ -44,7 +44,7 @@ def test_a_single_student_takes_the_scalar_kernel_and_follows_step_by_step_sgd(a
     net = MultiHeadStudent(d=40, p=3, activation=activation, eta=0.7, init_w=Gaussian(sigma=0.5),
                            init_heads=Gaussian(sigma=1.0)).double()
     W0, h0, other = net.W[0].detach().clone(), net.h[0, 0].detach().clone(), net.h[0, 1].detach().clone()
-    x, y = stream(1, 40, 100)  # 100 steps: blocks of 32, 32, 32 and 4
+    x, y = stream(1, 40, 100)  # 100 steps: blocks of 32, 32, 32 and 4 (_scalar_block_size)
     delta = net.sgd_steps(x, y, task=0)
     W1, h1, delta1 = online_sgd(W0, h0, x[:, 0], y[:, 0, 0], 0.7, activation)
     assert len(calls) == 4
