@@ -9,6 +9,7 @@ import torch
 
 import zoo.student
 import zoo.student_scalar
+import zoo.threads
 from zoo import MultiHeadStudent
 from zoo.init import Gaussian, Polar
 from zoo.student import phi
@@ -121,7 +122,7 @@ def test_a_large_ensemble_keeps_the_callers_thread_count(two_threads, monkeypatc
     monkeypatch.setattr(net, "_online_block", lambda *a: seen.append(torch.get_num_threads()) or block(*a))
     x, y = stream(2, 40, 20)
     net.sgd_steps(x.float(), y.float(), task=0)
-    monkeypatch.setattr(zoo.student, "THREADED_WEIGHTS", 2 * 2 * 40)  # this ensemble's first layer: "large"
+    monkeypatch.setattr(zoo.threads, "SMALL_WORK", 2 * 2 * 40)  # this ensemble's first layer: "large"
     net.sgd_steps(x.float(), y.float(), task=0)
     assert seen == [1, 2]
 

@@ -47,7 +47,6 @@ from torchmetrics import MeanSquaredError
 
 from zoo.divergence import check_finite
 from zoo.ewc import EWC
-from zoo.gdln import cpu_threads
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
@@ -55,6 +54,7 @@ from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F40
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
 from zoo.student_scalar import online_block
+from zoo.threads import num_threads, threads_for
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
 
@@ -363,18 +363,17 @@ class MultiHeadStudent(MultiHeadModule):
 
     def _cpu_threads(self, device: torch.device) -> int | None:
         """Intra-op threads for ``sgd_steps``: 1 on the CPU while the whole ensemble's first layer
-        has fewer than ``THREADED_WEIGHTS`` entries, else None (torch's setting, left alone).
+        (``E p d`` entries, the largest operand of a block's products) is below
+        ``zoo.threads.SMALL_WORK`` (a single student up to d = 32,767), else None (torch's setting).
 
-        A small student is a sequence of tiny ops (a step touches ``E p`` numbers) and small BLAS
-        products; a second thread has nothing to share, and on a busy machine every parallel region
-        waits for a core: with torch's 2 threads on the loaded 2-core machine a single student ran
-        10-60x slower (``bench/bench_student.py --threads 2``). One thread also makes its bits
-        independent of the caller's thread count. The count is chosen from the whole ensemble
-        (``n_members``), so every slice of a member-parallel run chooses alike; the caller's count
-        is restored on return (``zoo.gdln.cpu_threads``), never changed for the process."""
-        if device.type != "cpu" or self.n_members() * self.p * self.d >= THREADED_WEIGHTS:
-            return None
-        return 1
+        A small student is a sequence of tiny ops and small BLAS products; a second thread has
+        nothing to share, and on a busy machine every parallel region waits for a core: with
+        torch's 2 threads on the loaded 2-core machine a single student ran 10-60x slower a step
+        (``bench/bench_student.py --threads 2`` shows the scoped choice against torch's count).
+        One thread also makes its bits independent of the caller's thread count. The count is
+        chosen from the whole ensemble (``n_members``), so every slice of a member-parallel run
+        chooses alike; the caller's count is restored on return (``zoo.threads.num_threads``)."""
+        return threads_for(self.n_members() * self.p * self.d, device)
 
     @torch.no_grad()
     def sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
@@ -386,7 +385,7 @@ class MultiHeadStudent(MultiHeadModule):
         A single student takes the scalar kernel (``_scalar_block``); a small ensemble runs on one
         CPU thread (``_cpu_threads``).
         """
-        with cpu_threads(self._cpu_threads(x.device)):
+        with num_threads(self._cpu_threads(x.device)):
             return self._sgd_steps(x, y, task)
 
     def _sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
@@ -538,8 +537,6 @@ class MultiHeadStudent(MultiHeadModule):
 MIN_ROWS = 4
 GRAM_WORK = 1 << 17
 """``_block_size``: the block's Gram matrix may cost up to this many multiply-adds per SGD step."""
-THREADED_WEIGHTS = 1 << 20
-"""``_cpu_threads``: an ensemble whose first layer has fewer entries than this trains on one thread."""
 VECTOR_ROWS = 64
 """``sgd_steps`` pads the units of the ensemble (rows of W) to a multiple of this: whole AVX-512 vectors, twice."""
 
