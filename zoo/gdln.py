@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -91,17 +90,8 @@ def descend(grad_fns: list[Callable[[], Tensor]], n: int, step: Callable[[], obj
     return [torch.stack(L) for L in losses]
 
 
-@contextmanager
-def cpu_threads(n: int | None):
-    """Run the block with ``n`` intra-op CPU threads (None: leave torch's setting), then restore."""
-    before = torch.get_num_threads()
-    if n is not None and n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+# the scoped thread count of every small-tensor path (zoo.threads), under this module's old name
+from zoo.threads import num_threads as cpu_threads  # noqa: E402
 
 
 def members_of(module: MemberParallel, t: Tensor) -> Tensor:
