@@ -29,7 +29,11 @@ and every update of ``W`` is rank one along an input. Within a block of ``n`` sa
 the block's pre-activations only (``n x E p`` numbers, not ``E p x d``), and applies all
 updates at the end with one product
 ``W <- W_0 - (eta / sqrt d) G^T X``. This is the same arithmetic as step-by-step SGD (up to
-rounding; a test checks it against a plain loop) at a fraction of its memory traffic.
+rounding; a test checks it against a plain loop) at a fraction of its memory traffic. The block
+length shrinks as d grows (the Gram matrix costs ``n d`` a step: ``_block_size``). A single
+student (one member, one sample a step, on the CPU) runs the recursion on Python floats
+(:mod:`zoo.student_scalar`): its tensors would hold a few numbers, and a step would cost the
+dispatch of its dozen tensor operations. Small ensembles train on one CPU thread (``_cpu_threads``).
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
+from zoo.student_scalar import online_block
+from zoo.threads import num_threads, threads_for
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
 
@@ -341,11 +347,33 @@ class MultiHeadStudent(MultiHeadModule):
         metrics["error"].update(y_hat.T, target)
 
     def _block_size(self, B: int) -> int:
-        """Samples per exact SGD block. The block's products (``W_0 X^T``, ``X X^T``, ``G^T X``)
-        get more efficient and the Python overhead per block smaller as it grows, while the
-        per-step correction grows with it; 128 was fastest for 1 and for 1,024 members
-        (``bench/bench_student.py``)."""
-        return max(1, 128 // B) * B
+        """Samples per exact SGD block: ``B`` times the largest power of two with ``n d <= 2^17``
+        steps, between 16 and 128 (128 up to d = 1,024, the recipes' d = 1000; 16 from d = 4,097).
+
+        A block of ``n`` samples costs per step ``n d`` for the Gram matrix ``X X^T`` and ``2 E p d``
+        for ``W_0 X^T`` and ``G^T X`` (BLAS-3 products, better used as ``n`` grows), plus a fixed
+        Python cost per block spread over ``n`` steps. At d = 1000 the Gram is cheap and 128 was
+        fastest for 1 and for 1,024 members; at d = 10,000 it would cost ~30x a plain step's two
+        products (``W x``, ``W += g x^T``), and 16 was fastest (``bench/bench_student.py``). E does
+        not enter: with the products on W's own rows (``sgd_steps``) the optimum hardly moves with E
+        (flat from 32 to 128 samples at E = 1,024, d = 1000), and a rule of d alone gives a member
+        the same blocks, hence the same bits, in any slice of its ensemble (``zoo.distributed``)."""
+        steps = 1 << max(4, min(7, (GRAM_WORK // self.d).bit_length() - 1))
+        return max(1, steps // B) * B
+
+    def _cpu_threads(self, device: torch.device) -> int | None:
+        """Intra-op threads for ``sgd_steps``: 1 on the CPU while the whole ensemble's first layer
+        (``E p d`` entries, the largest operand of a block's products) is below
+        ``zoo.threads.SMALL_WORK`` (a single student up to d = 32,767), else None (torch's setting).
+
+        A small student is a sequence of tiny ops and small BLAS products; a second thread has
+        nothing to share, and on a busy machine every parallel region waits for a core: with
+        torch's 2 threads on the loaded 2-core machine a single student ran 10-60x slower a step
+        (``bench/bench_student.py --threads 2`` shows the scoped choice against torch's count).
+        One thread also makes its bits independent of the caller's thread count. The count is
+        chosen from the whole ensemble (``n_members``), so every slice of a member-parallel run
+        chooses alike; the caller's count is restored on return (``zoo.threads.num_threads``)."""
+        return threads_for(self.n_members() * self.p * self.d, device)
 
     @torch.no_grad()
     def sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
@@ -354,25 +382,35 @@ class MultiHeadStudent(MultiHeadModule):
         Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step. With
         the EWC penalty on, or a subclass overriding ``activation``, ``activation_grad`` or
         ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
+        A single student takes the scalar kernel (``_scalar_block``); a small ensemble runs on one
+        CPU thread (``_cpu_threads``).
         """
+        with num_threads(self._cpu_threads(x.device)):
+            return self._sgd_steps(x, y, task)
+
+    def _sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         S, B, d = x.shape
         E, p = self.ensemble, self.p
         # zero members up to a multiple of VECTOR_ROWS units: every elementwise op of a step then runs
         # on whole SIMD vectors, never on a scalar tail that rounds erf/exp differently, so a member
         # trains to the same bits whichever members share its process (zoo.distributed). A zero member
-        # (W = 0, h = 0) has Delta = 0 and stays zero.
+        # (W = 0, h = 0) has Delta = 0 and stays zero. The products with W need no such padding (BLAS
+        # rounds each row alone, _rows_times): the blocked kernels keep W at its E p rows, so a single
+        # student does not multiply 62 zero rows by every input.
         E_pad = -(-E // (m := VECTOR_ROWS // math.gcd(VECTOR_ROWS, p))) * m
-        W = _padded(self.W.data.view(E * p, d), E_pad * p)
         h = _padded(self.h.data[:, task], E_pad).clone()  # (E_pad, p) contiguous working copy of the active head
         Xf, Yf = x.reshape(S * B, d), _padded(y.reshape(S * B, E).T, E_pad).T
         Delta = torch.empty(S * B, E_pad, dtype=x.dtype, device=x.device)
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
+        W = self.W.data.view(E * p, d)
         if (self.ewc is not None and self.ewc.active) or self.custom_update:
-            block = self._stepwise_block
+            block, W = self._stepwise_block, _padded(W, E_pad * p)
+        elif B == 1 and self.n_members() == 1 and x.device.type == "cpu":
+            block, nb = self._scalar_block, self._scalar_block_size()
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
-        if E_pad > E:
+        if W.data_ptr() != self.W.data.data_ptr():
             self.W.data.view(E * p, d).copy_(W[: E * p])
         self.h.data[:, task] = h[:E]
         return Delta[:, :E].reshape(S, B, E)
@@ -384,7 +422,7 @@ class MultiHeadStudent(MultiHeadModule):
         return kappa, kappa * self.eta * const / (d * B), self.eta / (d * B), self.eta * const / (math.sqrt(d) * B)
 
     def _online_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
-        """One block of online SGD (B = 1), in place on ``W`` (E p, d), ``h`` (E, p), ``Db`` (n, E).
+        """One block of online SGD (B = 1), in place on ``W`` (E p, d), ``h`` (E_pad, p), ``Db`` (n, E_pad).
 
         ``U`` holds the block's pre-activations ``u = kappa W X^T / sqrt d``; after step ``j`` the
         rows of the later samples take the rank-one correction ``-c K[:, j] g_j^T``, so row ``j``
@@ -393,7 +431,7 @@ class MultiHeadStudent(MultiHeadModule):
         E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(1)
         n = Xb.shape[0]
-        U = _rows_times(W, Xb).T.contiguous().mul_(kappa / math.sqrt(d))  # (n, E p)
+        U = _pre_activations(W, Xb, E * p, kappa / math.sqrt(d))  # (n, E_pad p)
         K = Xb @ Xb.T
         Gb = torch.empty(n, E * p, dtype=Xb.dtype, device=Xb.device)
         u_rows, k_rows, g_rows, g_mats = U.unbind(0), K.unbind(0), Gb.unbind(0), Gb.view(n, E, p).unbind(0)
@@ -413,7 +451,18 @@ class MultiHeadStudent(MultiHeadModule):
             gE.mul_(dl)
             h.addcmul_(fE, dl, value=-c_head)
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
-        _add_rows_times(W, Gb.T, Xb, -c_W)
+        _add_rows_times(W, Gb[:, : W.shape[0]].T, Xb, -c_W)
+
+    def _scalar_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+        """One block of online SGD of a single student, its recursion in Python floats
+        (:mod:`zoo.student_scalar`: a step of tiny tensors costs their dispatch, not their numbers)."""
+        kappa, c_u, c_head, c_W = self._constants(1)
+        online_block(W, h[0], Xb, Yb[:, 0], Db[:, 0], self.activation_name, kappa / math.sqrt(self.d), c_u, c_head, c_W)
+
+    def _scalar_block_size(self) -> int:
+        """Samples per block of the scalar kernel: 32, the fastest at d = 1000, 3000 and 10,000 (its
+        steps' sums of products grow with the block, the products' efficiency with it too)."""
+        return 32
 
     def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
@@ -449,7 +498,7 @@ class MultiHeadStudent(MultiHeadModule):
         E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(B)
         n = Xb.shape[0]
-        U = _rows_times(W, Xb).T.contiguous().mul_(kappa / math.sqrt(d))  # (n, E p)
+        U = _pre_activations(W, Xb, E * p, kappa / math.sqrt(d))  # (n, E_pad p)
         K = Xb @ Xb.T
         Gb = torch.zeros(n, E * p, dtype=Xb.dtype, device=Xb.device)
         for j in range(0, n, B):
@@ -463,7 +512,7 @@ class MultiHeadStudent(MultiHeadModule):
             if df is not None:
                 g.mul_(df)
             h.sub_((dl * f).sum(0), alpha=c_head)
-        _add_rows_times(W, Gb.T, Xb, -c_W)
+        _add_rows_times(W, Gb[:, : W.shape[0]].T, Xb, -c_W)
 
     def mean_field(self, W_teachers: Tensor, teacher_heads: Tensor, alpha_switch: list[float], alpha_end: float,
                    d_alpha: float = 0.01, record_at: tuple[float, ...] = (), record_every: float | None = None,
@@ -486,6 +535,8 @@ class MultiHeadStudent(MultiHeadModule):
 # take other paths. The helpers below pad to that size, so that a member (its p rows of W) trains to
 # the same bits whichever members it shares a process with (zoo.distributed).
 MIN_ROWS = 4
+GRAM_WORK = 1 << 17
+"""``_block_size``: the block's Gram matrix may cost up to this many multiply-adds per SGD step."""
 VECTOR_ROWS = 64
 """``sgd_steps`` pads the units of the ensemble (rows of W) to a multiple of this: whole AVX-512 vectors, twice."""
 
@@ -497,6 +548,14 @@ def _padded(A: Tensor, rows: int) -> Tensor:
 def _rows_times(A: Tensor, X: Tensor) -> Tensor:
     """``A X^T``, (rows of A, rows of X), each row of ``A`` (a member's unit) rounded alone."""
     return (_padded(A, MIN_ROWS) @ _padded(X, 2).T)[: A.shape[0], : X.shape[0]]
+
+
+def _pre_activations(W: Tensor, X: Tensor, units: int, scale: float) -> Tensor:
+    """``scale W X^T`` transposed, (rows of X, ``units``): W's rows, then zero columns up to ``units``
+    (the padded members' units, zero since their W is zero)."""
+    U = X.new_zeros(X.shape[0], units)
+    U[:, : W.shape[0]] = _rows_times(W, X).T
+    return U.mul_(scale)
 
 
 def _add_rows_times(W: Tensor, A: Tensor, X: Tensor, alpha: float) -> None:

@@ -1,0 +1,105 @@
+"""Exact blocked online SGD of ONE student with its per-step recursion in Python floats.
+
+The blocked kernels of :class:`zoo.student.MultiHeadStudent` run every SGD step as ~12 tensor
+operations on the block's pre-activations. For a single student those tensors hold a handful of
+numbers, and a step costs the dispatch of its operations (~1 us each): as much as a plain loop's
+step, which is made of the same operations. Here the recursion of the module docstring of
+:mod:`zoo.student` ([S] Eqs. 6-7, blocked):
+
+    u_j = u_j(W_0) - c sum_{m < j} (x_m . x_j) g_m,    g_m = Delta_m h * phi'(lam_m) / phi'_0
+
+runs on Python floats (float64: the rounding differs from the tensor kernels, the arithmetic is
+the same), with the block's products (``W_0 X^T``, the Gram matrix ``X X^T``, ``G^T X``) still
+BLAS products: a step is then ~30 float operations and two short sums of products.
+"""
+from __future__ import annotations
+
+import math
+from operator import mul
+
+import torch
+from torch import Tensor
+
+
+def _erf(u: float) -> tuple[float, float]:
+    return math.erf(u), math.exp(-u * u)
+
+
+def _relu(u: float) -> tuple[float, float]:
+    return (u, 1.0) if u > 0 else (0.0, 0.0)
+
+
+def _sigmoid(u: float) -> tuple[float, float]:
+    if u >= 0:
+        f = 1.0 / (1.0 + math.exp(-u))
+    else:  # exp(-u) would overflow for u < -709
+        e = math.exp(u)
+        f = e / (1.0 + e)
+    return f, f - f * f
+
+
+def _tanh(u: float) -> tuple[float, float]:
+    f = math.tanh(u)
+    return f, 1.0 - f * f
+
+
+def _linear(u: float) -> tuple[float, float]:
+    return u, 1.0
+
+
+#: ``phi(u)`` and ``phi'(lam) / dphi_const`` of ``u = kappa lam`` (``zoo.multihead.phi_u``, ``dphi_u``)
+ACTIVATIONS = {"erf": _erf, "relu": _relu, "sigmoid": _sigmoid, "tanh": _tanh, "linear": _linear}
+
+
+def online_block(W: Tensor, h: Tensor, Xb: Tensor, yb: Tensor, db: Tensor, activation: str,
+                 scale_u: float, c_u: float, c_head: float, c_W: float) -> None:
+    """One block of online SGD of one student, in place: ``W`` (p, d), ``h`` (p,), ``db`` (n,).
+
+    ``Xb`` (n, d) and ``yb`` (n,) are the block's inputs and labels; ``scale_u = kappa / sqrt d``
+    makes ``u``; ``c_u``, ``c_head``, ``c_W`` are the steps of ``u`` (per Gram entry), the head
+    and ``W`` (``MultiHeadStudent._constants``). ``db`` receives every step's ``Delta``.
+    """
+    U0 = (W @ Xb.T).T.mul_(scale_u).tolist()  # (n, p): pre-activations at W_0
+    K = (Xb @ Xb.T).mul_(c_u).tolist()  # c (x_m . x_j)
+    y, head = yb.tolist(), h.tolist()
+    recursion = _two_units if len(head) == 2 else _any_units
+    G, deltas = recursion(ACTIVATIONS[activation], U0, K, y, head, c_head)
+    W.addmm_(torch.tensor(G, dtype=W.dtype, device=W.device), Xb, alpha=-c_W)
+    h.copy_(torch.tensor(head, dtype=h.dtype))
+    db.copy_(torch.tensor(deltas, dtype=db.dtype))
+
+
+def _any_units(act, U0, K, y, head, c_head):
+    """The block's steps for any number of units: ``g`` of every unit (p lists) and every ``Delta``;
+    ``head`` (a list) is updated in place."""
+    G: list[list[float]] = [[] for _ in head]  # g of every step so far, unit by unit
+    deltas = []
+    for u0, k, y_j in zip(U0, K, y):
+        # sum(map(mul, k, g)): the corrections of the earlier steps (g holds them; map stops there)
+        fd = [act(u - sum(map(mul, k, g))) for u, g in zip(u0, G)]
+        delta = sum([f * h_i for (f, _), h_i in zip(fd, head)]) - y_j
+        for i, ((f, df), g) in enumerate(zip(fd, G)):
+            g.append(delta * head[i] * df)
+            head[i] -= c_head * delta * f
+        deltas.append(delta)
+    return G, deltas
+
+
+def _two_units(act, U0, K, y, head, c_head):
+    """:func:`_any_units` written out for p = 2 ([S]'s students), twice as fast; the same
+    operations in the same order, so the same bits."""
+    h0, h1 = head
+    G0: list[float] = []
+    G1: list[float] = []
+    deltas = []
+    for (u0, u1), k, y_j in zip(U0, K, y):
+        f0, df0 = act(u0 - sum(map(mul, k, G0)))
+        f1, df1 = act(u1 - sum(map(mul, k, G1)))
+        delta = 0.0 + f0 * h0 + f1 * h1 - y_j  # sum() of _any_units starts at 0.0 too
+        G0.append(delta * h0 * df0)
+        G1.append(delta * h1 * df1)
+        h0 -= c_head * delta * f0
+        h1 -= c_head * delta * f1
+        deltas.append(delta)
+    head[:] = [h0, h1]
+    return [G0, G1], deltas
