@@ -42,6 +42,7 @@ from torchmetrics import MeanSquaredError
 
 from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
+from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
@@ -102,6 +103,20 @@ def cpu_threads(n: int | None):
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+#: the steps of ``FullBatchNet._grads``: a subclass that overrides one of them trains by the generic code
+_GRAD_STEPS = ("_grads", "_forward", "_activate", "_gates", "_gate_backward", "_output_errors", "_backprop_last",
+               "_input_mask", "gates")
+
+
+def _grad_steps_of(net: "FullBatchNet", cls: type) -> bool:
+    """True when ``net`` computes its gradients with ``cls``'s steps (no subclass replaced one)."""
+    return all(getattr(type(net), n, None) is getattr(cls, n, None) for n in _GRAD_STEPS)
+
+
+def _loss_scale(reduction: str, y: Tensor) -> float:
+    return 1.0 if reduction == "sum" else 1.0 / y.shape[-2]
 
 
 def members_of(module: MemberParallel, t: Tensor) -> Tensor:
@@ -270,7 +285,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     # -- gradients ------------------------------------------------------------------------------
     def _grads(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """Gradients of the loss for every weight (E, out, in) and the loss before the step (E,)."""
-        scale = 1.0 if self.reduction == "sum" else 1.0 / y.shape[-2]
+        scale = _loss_scale(self.reduction, y)
         out, acts, gates = self._forward(x, Ws)
         err = out - y
         loss = 0.5 * scale * err.pow(2).sum((-1, -2))
@@ -329,6 +344,14 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         Ws = [w.data for w in params]
         if self.ensemble == 1 and x.dim() == 2:
             Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
+        epoch = self._fast_epoch(x, y, Ws)
+        if epoch is not None:
+            def fast() -> Tensor:
+                loss, grads = epoch()
+                for W, g in zip(params, grads):
+                    W.grad = g.view(W.shape)
+                return loss.view(-1)
+            return fast
 
         def hand_written() -> Tensor:
             grads, loss = self._grads(x, y, Ws)
@@ -336,6 +359,11 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
                 W.grad = g.reshape(W.shape)
             return loss.reshape(-1)  # (E,), this rank's members
         return hand_written
+
+    def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
+        """``_grads`` of a one-hidden-layer net in reused tensors (``zoo.gdln_fast``), where the
+        network computes what ``TwoLayerEpoch`` does (no subclass changed a step of ``_grads``); else None."""
+        return None
 
     def sgd_step(self) -> Callable[[], None]:
         """The plain GD update ``W -= lr W.grad`` (what ``run_epochs`` applies without a Trainer)."""
@@ -383,8 +411,9 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.log("test/mse", self.evaluate(batch, self.test_mse), on_epoch=True, on_step=False)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+    def configure_optimizers(self) -> GradientDescent:
+        # plain GD without SGD's per-call machinery: one step per epoch (zoo.gdln_fast)
+        return GradientDescent(self.parameters(), lr=self.lr)
 
 
 class GDLN(FullBatchNet):
@@ -515,6 +544,14 @@ class GDLN(FullBatchNet):
             with cpu_threads(self.num_threads if X.device.type == "cpu" else None):
                 limit = common_limit(X, Y, self.gating)
             self.register_buffer("y_common_limit", limit)  # float64: cast at use
+
+    def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
+        if len(Ws) != 2 or self._two_loss() or not _grad_steps_of(self, GDLN):
+            return None
+        gates = members_of(self, self.unit_gates).to(x)
+        if gates.dim() > Ws[0].dim():  # per-member gates of a single member: the generic code's shapes
+            return None
+        return TwoLayerEpoch(x, y, Ws, gates, self._input_mask(), _loss_scale(self.reduction, y))
 
     def _two_loss(self) -> bool:
         return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
@@ -681,6 +718,11 @@ class ReLUNet(FullBatchNet):
         if gates is not None:
             return delta * gates
         return torch.ops.aten.threshold_backward(delta, h, 0.0)
+
+    def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
+        if len(Ws) != 2 or not _grad_steps_of(self, ReLUNet):
+            return None
+        return TwoLayerEpoch(x, y, Ws, None, None, _loss_scale(self.reduction, y))
 
     def first_layer_on(self, X: Tensor) -> tuple[float, float]:
         """How linear a two-hidden-layer net's first layer is ([H] Sec. 6: "all neurons are active
@@ -863,5 +905,5 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD([{"params": m.parameters(), "lr": m.lr} for m in self.models])
+    def configure_optimizers(self) -> GradientDescent:
+        return GradientDescent([{"params": m.parameters(), "lr": m.lr} for m in self.models], lr=self.models[0].lr)
