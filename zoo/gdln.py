@@ -14,10 +14,13 @@ gradient descent. E members (their own draws of the init) train as batched tenso
 
 Each ``training_step`` takes ``epochs_per_step`` full-batch gradient-descent updates (an epoch of
 these small networks costs less than Lightning's per-step overhead). Every update is one step of
-the module's optimizer (``configure_optimizers``: SGD at ``lr``), so ``global_step`` counts GD
-updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by hand
-(no autograd graph, no per-epoch host sync) unless a subclass overrides ``member_loss`` (or, for
-a ``ReLUNet``, ``gates``), which then trains by autograd on its own loss. The loss of every epoch
+the module's optimizer (``configure_optimizers``: plain gradient descent at ``lr``,
+``zoo.gdln_fast.GradientDescent``, SGD's update without its per-call machinery), so ``global_step``
+counts GD updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by
+hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
+reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
+overrides ``member_loss`` (or, for a ``ReLUNet``, ``gates``), which then trains by autograd on its
+own loss. The loss of every epoch
 is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (E, epochs_per_step),
 every member, the member axis first as in every zoo output).
 
@@ -349,7 +352,8 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
             def fast() -> Tensor:
                 loss, grads = epoch()
                 for W, g in zip(params, grads):
-                    W.grad = g.view(W.shape)
+                    if W.grad is None or W.grad.data_ptr() != g.data_ptr():  # the same tensors every epoch
+                        W.grad = g.view(W.shape)
                 return loss.view(-1)
             return fast
 

@@ -38,15 +38,21 @@ class GradientDescent:
         self.param_groups = [{"params": list(g["params"]), "lr": g.get("lr", lr)} for g in groups]
         self.state: dict = {}
 
-    @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        if torch.is_grad_enabled():  # an in-place update of a leaf; the networks step under no_grad already
+            with torch.no_grad():
+                self._update()
+        else:
+            self._update()
+        return loss
+
+    def _update(self) -> None:
         for group in self.param_groups:
             lr = group["lr"]
             for W in group["params"]:
                 if W.grad is not None:
                     W.sub_(W.grad, alpha=lr)
-        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
@@ -96,6 +102,10 @@ class TwoLayerEpoch:
                  scale: float) -> None:
         self.x, self.y, self.Ws, self.gates, self.mask, self.scale = x, y, Ws, gates, mask, scale
         self.buf: dict[str, Tensor] = {}
+        # transposed views made once (the weights change in place); mm where nothing is batched
+        self.xT = x.transpose(-1, -2)
+        self.WT = [W.transpose(-1, -2) for W in Ws]
+        self.matmul = torch.mm if x.dim() == 2 and all(W.dim() == 2 for W in Ws) else torch.matmul
 
     def _into(self, key: str, op, *args) -> Tensor:
         buf = self.buf.get(key)
@@ -105,29 +115,31 @@ class TwoLayerEpoch:
             op(*args, out=buf)
         return buf
 
-    def _outer(self, key: str, delta: Tensor, act: Tensor) -> Tensor:
+    def _outer(self, key: str, delta: Tensor, act: Tensor, actT: Tensor) -> Tensor:
         # zoo.gdln._outer's orientation rule, into a reused tensor
         if delta.shape[-1] > act.shape[-1]:
-            return self._into(key, torch.matmul, act.transpose(-1, -2), delta).transpose(-1, -2)
-        return self._into(key, torch.matmul, delta.transpose(-1, -2), act)
+            return self._into(key, self.matmul, actT, delta).transpose(-1, -2)
+        return self._into(key, self.matmul, delta.transpose(-1, -2), act)
 
     def __call__(self) -> tuple[Tensor, list[Tensor]]:
-        into, x, (W0, W1), gates, mask, scale = self._into, self.x, self.Ws, self.gates, self.mask, self.scale
+        into, matmul, gates, mask, scale = self._into, self.matmul, self.gates, self.mask, self.scale
+        W1 = self.Ws[1]
+        W0T, W1T = self.WT
         if mask is not None:
-            W0 = into("W0_masked", torch.mul, W0, mask)
-        pre = into("pre", torch.matmul, x, W0.transpose(-1, -2))
+            W0T = into("W0_masked", torch.mul, self.Ws[0], mask).transpose(-1, -2)
+        pre = into("pre", matmul, self.x, W0T)
         h = pre.relu_() if gates is None else pre.mul_(gates)
-        err = into("out", torch.matmul, h, W1.transpose(-1, -2)).sub_(self.y)
+        err = into("out", matmul, h, W1T).sub_(self.y)
         loss = into("sq", torch.pow, err, 2).sum((-1, -2)).mul_(0.5 * scale)
-        g1 = self._outer("g1", err, h)
+        g1 = self._outer("g1", err, h, h.transpose(-1, -2))
         if scale != 1.0:
             g1.mul_(scale)
-        delta = into("delta", torch.matmul, err, W1)
+        delta = into("delta", matmul, err, W1)
         if gates is None:
             _threshold_backward(delta, h, 0.0, grad_input=delta)
         else:
             delta.mul_(gates)
-        g0 = self._outer("g0", delta, x)
+        g0 = self._outer("g0", delta, self.x, self.xT)
         if scale != 1.0:
             g0.mul_(scale)
         if mask is not None:
