@@ -347,7 +347,8 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         Ws = [w.data for w in params]
         if self.ensemble == 1 and x.dim() == 2:
             Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
-        epoch = self._fast_epoch(x, y, Ws)
+        # (targets with more axes than the inputs would outgrow the reused output tensor)
+        epoch = self._fast_epoch(x, y, Ws) if y.dim() <= x.dim() else None
         if epoch is not None:
             def fast() -> Tensor:
                 loss, grads = epoch()
