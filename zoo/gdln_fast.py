@@ -101,47 +101,41 @@ class TwoLayerEpoch:
     def __init__(self, x: Tensor, y: Tensor, Ws: list[Tensor], gates: Tensor | None, mask: Tensor | None,
                  scale: float) -> None:
         self.x, self.y, self.Ws, self.gates, self.mask, self.scale = x, y, Ws, gates, mask, scale
-        self.buf: dict[str, Tensor] = {}
+        self.half_scale = 0.5 * scale
         # transposed views made once (the weights change in place); mm where nothing is batched
         self.xT = x.transpose(-1, -2)
         self.WT = [W.transpose(-1, -2) for W in Ws]
         self.matmul = torch.mm if x.dim() == 2 and all(W.dim() == 2 for W in Ws) else torch.matmul
-
-    def _into(self, key: str, op, *args) -> Tensor:
-        buf = self.buf.get(key)
-        if buf is None:
-            buf = self.buf[key] = op(*args)
-        else:
-            op(*args, out=buf)
-        return buf
-
-    def _outer(self, key: str, delta: Tensor, act: Tensor, actT: Tensor) -> Tensor:
-        # zoo.gdln._outer's orientation rule, into a reused tensor
-        if delta.shape[-1] > act.shape[-1]:
-            return self._into(key, self.matmul, actT, delta).transpose(-1, -2)
-        return self._into(key, self.matmul, delta.transpose(-1, -2), act)
+        # zoo.gdln._outer's orientation, (act^T delta)^T where delta is the wider: for both gradients
+        H = Ws[0].shape[-2]
+        self.flip1, self.flip0 = y.shape[-1] > H, H > x.shape[-1]
+        # every intermediate: empty until the first epoch sizes it (out= resizes an empty tensor)
+        self.W0m, self.pre, self.out, self.sq, self.g1, self.delta, self.g0, self.g0m = (x.new_empty(0) for _ in range(8))
 
     def __call__(self) -> tuple[Tensor, list[Tensor]]:
-        into, matmul, gates, mask, scale = self._into, self.matmul, self.gates, self.mask, self.scale
+        matmul, gates, mask, scale = self.matmul, self.gates, self.mask, self.scale
         W1 = self.Ws[1]
         W0T, W1T = self.WT
         if mask is not None:
-            W0T = into("W0_masked", torch.mul, self.Ws[0], mask).transpose(-1, -2)
-        pre = into("pre", matmul, self.x, W0T)
-        h = pre.relu_() if gates is None else pre.mul_(gates)
-        err = into("out", matmul, h, W1T).sub_(self.y)
-        loss = into("sq", torch.pow, err, 2).sum((-1, -2)).mul_(0.5 * scale)
-        g1 = self._outer("g1", err, h, h.transpose(-1, -2))
+            W0T = torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
+        h = matmul(self.x, W0T, out=self.pre)
+        h = h.relu_() if gates is None else h.mul_(gates)
+        err = matmul(h, W1T, out=self.out).sub_(self.y)
+        loss = torch.pow(err, 2, out=self.sq).sum((-1, -2)).mul_(self.half_scale)
+        if self.flip1:
+            g1 = matmul(h.transpose(-1, -2), err, out=self.g1).transpose(-1, -2)
+        else:
+            g1 = matmul(err.transpose(-1, -2), h, out=self.g1)
         if scale != 1.0:
             g1.mul_(scale)
-        delta = into("delta", matmul, err, W1)
+        delta = matmul(err, W1, out=self.delta)
         if gates is None:
             _threshold_backward(delta, h, 0.0, grad_input=delta)
         else:
             delta.mul_(gates)
-        g0 = self._outer("g0", delta, self.x, self.xT)
+        g0 = matmul(self.xT, delta, out=self.g0).transpose(-1, -2) if self.flip0 else matmul(delta.transpose(-1, -2), self.x, out=self.g0)
         if scale != 1.0:
             g0.mul_(scale)
         if mask is not None:
-            g0 = into("g0_masked", torch.mul, g0, mask)
+            g0 = torch.mul(g0, mask, out=self.g0m)
         return loss, [g0, g1]
