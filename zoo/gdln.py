@@ -108,6 +108,15 @@ def cpu_threads(n: int | None):
             torch.set_num_threads(before)
 
 
+def members_of(module: MemberParallel, t: Tensor) -> Tensor:
+    """``t`` (E, ...) with one entry per member (a member's own data set or gates, 3-D) cut to the
+    members this rank trains, while ``module`` is sharded; else ``t``."""
+    r = module.member_range
+    if r is not None and t.dim() == 3 and t.shape[0] == r[2]:
+        return t[r[0]:r[1]]
+    return t
+
+
 #: the steps of ``FullBatchNet._grads``: a subclass that overrides one of them trains by the generic code
 _GRAD_STEPS = ("_grads", "_forward", "_activate", "_gates", "_gate_backward", "_output_errors", "_backprop_last",
                "_input_mask", "gates")
@@ -120,15 +129,6 @@ def _grad_steps_of(net: "FullBatchNet", cls: type) -> bool:
 
 def _loss_scale(reduction: str, y: Tensor) -> float:
     return 1.0 if reduction == "sum" else 1.0 / y.shape[-2]
-
-
-def members_of(module: MemberParallel, t: Tensor) -> Tensor:
-    """``t`` (E, ...) with one entry per member (a member's own data set or gates, 3-D) cut to the
-    members this rank trains, while ``module`` is sharded; else ``t``."""
-    r = module.member_range
-    if r is not None and t.dim() == 3 and t.shape[0] == r[2]:
-        return t[r[0]:r[1]]
-    return t
 
 
 class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
