@@ -1,17 +1,25 @@
-"""GDLN / ReLUNet throughput: the Lightning path against hand-written loops, in one process.
+"""ReLUNet / ReLN on the three-context task ([H] App. H sizes), 8,000 full-batch epochs: ``Trainer.fit``
+against a plain PyTorch loop of the same update, and against the authors' compiled JAX.
 
-    python bench/bench_gdln.py [--threads 2]
+    python bench/bench_gdln.py [--threads 1] [--rounds 5]
 
-The issue's target ([H] App. H sizes): the three-context task, a ReLU net with 700 hidden units and
-its ReLN (4 pathways x 100), 8,000 full-batch epochs each, under 2 s and 6 s on 2 cores. Prints
-the wall time of ``Trainer.fit`` (``epochs_per_step`` epochs per ``training_step``, no logger, no
-checkpoint) with the modules' default ``num_threads=1`` and with torch's ``--threads``, and its
-ratio to two plain-PyTorch loops of the same updates on the same single thread: autograd + SGD
-(what a user would write), and the same hand-written gradients in a bare loop (the floor).
+The networks: a ReLU net with 700 hidden units and its ReLN (4 pathways x 100 units), summed loss,
+lr 1e-3, init std 0.005/700 ([H] App. H). The zoo side is ``Trainer.fit`` (``epochs_per_step``
+1000, no logger, no checkpoint; one optimizer step per epoch, so ``global_step`` counts epochs).
+The baseline is the strongest hand-written loop of the same arithmetic: the hand-written gradients
+of the same operations in the same order, into tensors allocated once, ``W.sub_(grad, alpha=lr)``,
+no Lightning. A third side, the zoo's Trainer-free ``run_epochs``, separates the cost of the zoo's
+own code from Lightning's optimizer step per epoch (hooks and progress counting, ~15-30 us a call:
+``global_step`` counts epochs, so it is paid 8,000 times). All sides must end on the same weights
+to the bit (checked and printed).
+
+Goals ([#21] item 4): the zoo at >= 0.9x the plain loop, and at or below the authors' compiled-JAX
+wall times stated in the issue (ReLU net about 1 s, ReLN about 3 s: fixed figures, not measured
+here; the earlier 2 s target for the ReLU net is met when the 1 s one is). A GPU column (one
+``Trainer.fit`` on the device) is printed where CUDA is present.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 import warnings
@@ -19,84 +27,121 @@ import warnings
 import lightning.pytorch as pl
 import torch
 
+import harness
 from datamodules.contexts import Contexts
-from zoo.gdln import GDLN, ReLUNet, cpu_threads
+from gpu_column import ACCELERATOR, GPU, HEADING, cell, clock, on_gpu
+from zoo.gdln import GDLN, ReLUNet
 from zoo.init import Gaussian
 
-from gpu_column import ACCELERATOR, GPU, HEADING, cell, clock, on_gpu
-
 EPOCHS, SIGMA, LR = 8000, 7.142857e-6, 1e-3
+#: the authors' compiled JAX wall times for 8,000 epochs, as the issue states them (seconds)
+JAX_SECONDS = {"ReLUNet": 1.0, "ReLN": 3.0}
 
 
-def make(kind: str, dm: Contexts, num_threads: int | None = 1):
+def make(kind: str, dm: Contexts, threads: int) -> ReLUNet | GDLN:
     init = Gaussian(sigma=SIGMA)
-    if kind == "ReLU net (700)":
-        net = ReLUNet(hidden=[700], init=init, lr=LR, epochs_per_step=1000, num_threads=num_threads)
-    else:
-        net = GDLN(gating="reln", n_hidden=100, init=init, lr=LR, epochs_per_step=1000, num_threads=num_threads)
-        net.attach(dm)
-    net.build(dm.X, dm.Y)
-    return net
+    if kind == "ReLUNet":
+        return ReLUNet(hidden=[700], init=init, lr=LR, epochs_per_step=1000, num_threads=threads)
+    return GDLN(gating="reln", n_hidden=100, init=init, lr=LR, epochs_per_step=1000, num_threads=threads)
 
 
-def autograd_loop(kind: str, dm: Contexts) -> float:
-    net = make(kind, dm)
-    params = [torch.nn.Parameter(w.detach().clone()) for w in net.W]
-    opt = torch.optim.SGD(params, lr=LR)
-    X, Y = dm.X, dm.Y
-    relu = kind.startswith("ReLU")
-    with cpu_threads(1):
-        t = time.perf_counter()
-        _autograd_epochs(params, opt, X, Y, net, relu)
-        return time.perf_counter() - t
-
-
-def _autograd_epochs(params, opt, X, Y, net, relu: bool) -> None:
-    for _ in range(EPOCHS):
-        W1 = params[0] if relu else params[0] * net.unit_inputs
-        pre = X @ W1.transpose(-1, -2)
-        h = torch.relu(pre) if relu else pre * net.unit_gates
-        loss = 0.5 * (h @ params[1].transpose(-1, -2) - Y).pow(2).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-
-def bare_loop(kind: str, dm: Contexts) -> float:
-    net = make(kind, dm)
-    t = time.perf_counter()
-    net.run_epochs(dm.X, dm.Y, EPOCHS)
-    return time.perf_counter() - t
-
-
-def lightning_path(kind: str, dm: Contexts, num_threads: int | None = 1, accelerator: str = "cpu") -> float:
-    net = make(kind, dm, num_threads)
+def zoo_fit(kind: str, dm: Contexts, threads: int, accelerator: str = "cpu") -> tuple[float, list[torch.Tensor]]:
+    net = make(kind, dm, threads)
     trainer = pl.Trainer(max_steps=EPOCHS, max_epochs=-1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator=accelerator, devices=1)
     device = GPU if accelerator == ACCELERATOR else None
     t = clock(device)
     trainer.fit(net, datamodule=dm)
-    assert net.epochs_done == EPOCHS
-    return clock(device) - t
+    elapsed = clock(device) - t
+    assert trainer.global_step == EPOCHS
+    return elapsed, [w.detach().cpu() for w in net.W]
+
+
+def zoo_run_epochs(kind: str, dm: Contexts, threads: int) -> tuple[float, list[torch.Tensor]]:
+    """The zoo's Trainer-free loop (``run_epochs``, what ``zoo.reln`` trains its GDLNs with): the
+    same epochs without Lightning's per-epoch optimizer step."""
+    net = make(kind, dm, threads)
+    if kind == "ReLN":
+        net.attach(dm)
+    net.build(dm.X, dm.Y)
+    t = time.perf_counter()
+    net.run_epochs(dm.X, dm.Y, EPOCHS)
+    return time.perf_counter() - t, [w.detach() for w in net.W]
+
+
+def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
+    """8,000 epochs of the same update written out: relu (or the ReLN's fixed gates and input
+    masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors made once."""
+    net = make(kind, dm, 1)
+    if kind == "ReLN":
+        net.attach(dm)
+    net.build(dm.X, dm.Y)  # the same initial weights as the zoo side
+    W0, W1 = (w.detach()[0].clone() for w in net.W)
+    X, Y = dm.X, dm.Y
+    G = net.unit_gates if kind == "ReLN" else None  # (N, H): pathway p's gate on point i, per unit
+    M = net.unit_inputs if kind == "ReLN" else None  # (H, n_in): the features each unit reads
+    N, H = X.shape[0], W0.shape[0]
+    pre, out, sq = torch.empty(N, H), torch.empty(N, Y.shape[1]), torch.empty(N, Y.shape[1])
+    g1, delta, g0T = torch.empty_like(W1), torch.empty(N, H), torch.empty(W0.shape[1], H)
+    W0m, g0m = torch.empty_like(W0), torch.empty_like(W0)
+    mm, losses = torch.mm, []
+    t = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(EPOCHS):
+            if G is None:
+                mm(X, W0.T, out=pre).relu_()
+            else:
+                mm(X, torch.mul(W0, M, out=W0m).T, out=pre).mul_(G)
+            err = mm(pre, W1.T, out=out).sub_(Y)
+            losses.append(torch.pow(err, 2, out=sq).sum((-1, -2)).mul_(0.5))
+            mm(err.T, pre, out=g1)
+            mm(err, W1, out=delta)
+            if G is None:
+                torch.ops.aten.threshold_backward.grad_input(delta, pre, 0.0, grad_input=delta)
+            else:
+                delta.mul_(G)
+            g0 = mm(X.T, delta, out=g0T).T  # the (700 x 11) gradient as the transpose of (11 x 700)
+            if M is not None:
+                g0 = torch.mul(g0, M, out=g0m)
+            W1.sub_(g1, alpha=LR)
+            W0.sub_(g0, alpha=LR)
+    elapsed = time.perf_counter() - t
+    return elapsed, [W0[None], W1[None]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = harness.arguments(__doc__)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("ignore")  # Lightning's hints about a run without a logger or workers
     dm = Contexts(3, "different")
-    print(f"{EPOCHS} full-batch epochs, three-context task; torch's threads: {args.threads}; the loops: 1 thread")
-    print(f"{'network':<16}{'Lightning s':>13}{f'at {args.threads} thr s':>12}{'autograd s':>12}{'bare s':>9}"
-          f"{'L/autograd':>12}{'L/bare':>8}{'target s':>10}{HEADING + ' Lightning s':>18}")
-    for kind, target in (("ReLU net (700)", 2.0), ("ReLN (4 x 100)", 6.0)):
-        light, light_n = lightning_path(kind, dm), lightning_path(kind, dm, num_threads=None)
-        auto, bare = autograd_loop(kind, dm), bare_loop(kind, dm)
-        gpu = on_gpu(lightning_path, kind, dm, None, ACCELERATOR)
-        print(f"{kind:<16}{light:>13.2f}{light_n:>12.2f}{auto:>12.2f}{bare:>9.2f}{light / auto:>12.2f}"
-              f"{light / bare:>8.2f}{target:>10.1f}{cell(gpu, 18)}")
+    print(f"{EPOCHS} full-batch epochs, three-context task, {args.threads} torch thread(s), {args.rounds} interleaved rounds")
+    rows, last = [], {}
+
+    sides = {"zoo": lambda kind: zoo_fit(kind, dm, args.threads), "run_epochs": lambda kind: zoo_run_epochs(kind, dm, args.threads),
+             "loop": lambda kind: plain_loop(kind, dm)}
+
+    def timed(side: str, kind: str):
+        def run() -> float:
+            seconds, last[side, kind] = sides[side](kind)
+            return seconds
+        return run
+
+    for kind in ("ReLUNet", "ReLN"):
+        times = harness.interleaved({side: timed(side, kind) for side in sides}, args.rounds)
+        same = all(torch.equal(a, b) for side in ("zoo", "run_epochs") for a, b in zip(last[side, kind], last["loop", kind]))
+        zoo, bare, loop = (harness.median(times[side]) for side in sides)
+        gpu = on_gpu(lambda: zoo_fit(kind, dm, args.threads, ACCELERATOR)[0])
+        print(f"{kind}: Trainer.fit {zoo:.3f} s, run_epochs {bare:.3f} s, plain loop {loop:.3f} s (medians); final "
+              f"weights bit-identical on all three: {same}; {HEADING} Trainer.fit:{cell(gpu, 8)} s")
+        if not same:
+            raise SystemExit(f"{kind}: the zoo and the plain loop ended on different weights")
+        label = "ReLUNet 700" if kind == "ReLUNet" else "ReLN 4 x 100"
+        rows += [harness.Row(f"{label}, 8,000 epochs, Trainer.fit vs plain loop", zoo, loop, "s", 0.9, lower_is_better=True),
+                 harness.Row(f"{label}, 8,000 epochs, run_epochs (no Trainer) vs plain loop", bare, loop, "s", 0.9,
+                             lower_is_better=True),
+                 harness.Row(f"{label}, 8,000 epochs, vs compiled JAX ({JAX_SECONDS[kind]:g} s, fixed)", zoo,
+                             JAX_SECONDS[kind], "s", 1.0, lower_is_better=True)]
+    harness.report(rows)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,13 @@ gradient descent. E members (their own draws of the init) train as batched tenso
 
 Each ``training_step`` takes ``epochs_per_step`` full-batch gradient-descent updates (an epoch of
 these small networks costs less than Lightning's per-step overhead). Every update is one step of
-the module's optimizer (``configure_optimizers``: SGD at ``lr``), so ``global_step`` counts GD
-updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by hand
-(no autograd graph, no per-epoch host sync) unless a subclass overrides ``member_loss`` (or, for
-a ``ReLUNet``, ``gates``), which then trains by autograd on its own loss. The loss of every epoch
+the module's optimizer (``configure_optimizers``: plain gradient descent at ``lr``,
+``zoo.gdln_fast.GradientDescent``, SGD's update without its per-call machinery), so ``global_step``
+counts GD updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by
+hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
+reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
+overrides ``member_loss`` (or, for a ``ReLUNet``, ``gates``), which then trains by autograd on its
+own loss. The loss of every epoch
 is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (E, epochs_per_step),
 every member, the member axis first as in every zoo output).
 
@@ -41,6 +44,7 @@ from torchmetrics import MeanSquaredError
 
 from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
+from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
@@ -101,6 +105,20 @@ def members_of(module: MemberParallel, t: Tensor) -> Tensor:
     if r is not None and t.dim() == 3 and t.shape[0] == r[2]:
         return t[r[0]:r[1]]
     return t
+
+
+#: the steps of ``FullBatchNet._grads``: a subclass that overrides one of them trains by the generic code
+_GRAD_STEPS = ("_grads", "_forward", "_activate", "_gates", "_gate_backward", "_output_errors", "_backprop_last",
+               "_input_mask", "gates")
+
+
+def _grad_steps_of(net: "FullBatchNet", cls: type) -> bool:
+    """True when ``net`` computes its gradients with ``cls``'s steps (no subclass replaced one)."""
+    return all(getattr(type(net), n, None) is getattr(cls, n, None) for n in _GRAD_STEPS)
+
+
+def _loss_scale(reduction: str, y: Tensor) -> float:
+    return 1.0 if reduction == "sum" else 1.0 / y.shape[-2]
 
 
 class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
@@ -260,7 +278,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     # -- gradients ------------------------------------------------------------------------------
     def _grads(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """Gradients of the loss for every weight (E, out, in) and the loss before the step (E,)."""
-        scale = 1.0 if self.reduction == "sum" else 1.0 / y.shape[-2]
+        scale = _loss_scale(self.reduction, y)
         out, acts, gates = self._forward(x, Ws)
         err = out - y
         loss = 0.5 * scale * err.pow(2).sum((-1, -2))
@@ -319,6 +337,16 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         Ws = [w.data for w in params]
         if self.ensemble == 1 and x.dim() == 2:
             Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
+        # (targets with more axes than the inputs would outgrow the reused output tensor)
+        epoch = self._fast_epoch(x, y, Ws) if y.dim() <= x.dim() else None
+        if epoch is not None:
+            def fast() -> Tensor:
+                loss, grads = epoch()
+                for W, g in zip(params, grads):
+                    if W.grad is None or W.grad.data_ptr() != g.data_ptr():  # the same tensors every epoch
+                        W.grad = g.view(W.shape)
+                return loss.view(-1)
+            return fast
 
         def hand_written() -> Tensor:
             grads, loss = self._grads(x, y, Ws)
@@ -326,6 +354,11 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
                 W.grad = g.reshape(W.shape)
             return loss.reshape(-1)  # (E,), this rank's members
         return hand_written
+
+    def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
+        """``_grads`` of a one-hidden-layer net in reused tensors (``zoo.gdln_fast``), where the
+        network computes what ``TwoLayerEpoch`` does (no subclass changed a step of ``_grads``); else None."""
+        return None
 
     def sgd_step(self) -> Callable[[], None]:
         """The plain GD update ``W -= lr W.grad`` (what ``run_epochs`` applies without a Trainer)."""
@@ -373,8 +406,9 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.log("test/mse", self.evaluate(batch, self.test_mse), on_epoch=True, on_step=False)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+    def configure_optimizers(self) -> GradientDescent:
+        # plain GD without SGD's per-call machinery: one step per epoch (zoo.gdln_fast)
+        return GradientDescent(self.parameters(), lr=self.lr)
 
 
 class GDLN(FullBatchNet):
@@ -505,6 +539,14 @@ class GDLN(FullBatchNet):
             with cpu_threads(self.num_threads if X.device.type == "cpu" else None):
                 limit = common_limit(X, Y, self.gating)
             self.register_buffer("y_common_limit", limit)  # float64: cast at use
+
+    def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
+        if len(Ws) != 2 or self._two_loss() or not _grad_steps_of(self, GDLN):
+            return None
+        gates = members_of(self, self.unit_gates).to(x)
+        if gates.dim() > Ws[0].dim():  # per-member gates of a single member: the generic code's shapes
+            return None
+        return TwoLayerEpoch(x, y, Ws, gates, self._input_mask(), _loss_scale(self.reduction, y))
 
     def _two_loss(self) -> bool:
         return self.training_mode != "joint" and 0 < self.n_common_units < self.unit_gates.shape[-1]
@@ -671,6 +713,11 @@ class ReLUNet(FullBatchNet):
         if gates is not None:
             return delta * gates
         return torch.ops.aten.threshold_backward(delta, h, 0.0)
+
+    def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
+        if len(Ws) != 2 or not _grad_steps_of(self, ReLUNet):
+            return None
+        return TwoLayerEpoch(x, y, Ws, None, None, _loss_scale(self.reduction, y))
 
     def first_layer_on(self, X: Tensor) -> tuple[float, float]:
         """How linear a two-hidden-layer net's first layer is ([H] Sec. 6: "all neurons are active
@@ -853,5 +900,5 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD([{"params": m.parameters(), "lr": m.lr} for m in self.models])
+    def configure_optimizers(self) -> GradientDescent:
+        return GradientDescent([{"params": m.parameters(), "lr": m.lr} for m in self.models], lr=self.models[0].lr)

@@ -1,0 +1,129 @@
+"""zoo.gdln_fast: the reused-tensor epoch of one-hidden-layer nets and the plain GD optimizer give
+the bits of the generic hand-written path (``FullBatchNet._grads`` + ``torch.optim.SGD``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import lightning.pytorch as pl
+
+from datamodules.contexts import Contexts
+from datamodules.xor import XorMargin
+from zoo.gdln import GDLN, ReLUNet
+from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
+from zoo.init import Gaussian
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _net(kind: str, seed: int = 0):
+    if kind.startswith("relu"):
+        dm = Contexts(3, "different")
+        m = ReLUNet(hidden=[9], init=Gaussian(sigma=0.4), ensemble=3 if kind.endswith("E3") else 1,
+                    lr=0.01, reduction="mean" if "mean" in kind else "sum", seed=seed)
+    elif kind.startswith("xor"):  # per-member data and gates (E, N, .)
+        dm = XorMargin(Delta=[0.5, 0.9])
+        m = GDLN(gating="xor", n_hidden=3, init=Gaussian(sigma=0.4), ensemble=2, lr=0.05, reduction="mean", seed=seed)
+        m.attach(dm)
+    else:
+        dm = Contexts(3, "different")
+        m = GDLN(gating="reln", n_hidden=4, init=Gaussian(sigma=0.4), ensemble=2 if kind.endswith("E2") else 1,
+                 lr=0.01, reduction="mean" if "mean" in kind else "sum", context_init_gain=2.0, seed=seed)
+        m.attach(dm)
+    m.build(dm.X, dm.Y)
+    return m, dm
+
+
+class _Generic:
+    """The same network trained by the generic ``_grads`` (no fast path)."""
+
+    def _fast_epoch(self, x, y, Ws):
+        return None
+
+
+def _generic(m):
+    cls = type(m)
+    m.__class__ = type("Generic" + cls.__name__, (_Generic, cls), {})
+    return m
+
+
+KINDS = ["relu", "relu_mean", "relu_E3", "reln", "reln_mean_E2", "xor"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_epochs_are_the_generic_bits(kind):
+    fast, dm = _net(kind)
+    slow, _ = _net(kind)
+    _generic(slow)
+    assert isinstance(fast._fast_epoch(dm.X, dm.Y, [w.data for w in fast.W]), TwoLayerEpoch)
+    assert slow._fast_epoch(dm.X, dm.Y, list(slow.W)) is None
+    L_fast, L_slow = fast.run_epochs(dm.X, dm.Y, 25), slow.run_epochs(dm.X, dm.Y, 25)
+    assert L_fast.shape == L_slow.shape == (25, fast.ensemble)
+    assert torch.equal(L_fast, L_slow)
+    for a, b in zip(fast.W, slow.W):
+        assert torch.equal(a, b)
+    assert not torch.equal(fast.W[0], fast.W0_init)  # it did train
+
+
+def test_overridden_steps_and_two_layers_take_the_generic_path():
+    class Leaky(ReLUNet):
+        def gates(self, h):
+            return (h > 0).to(h) * 0.9 + 0.1
+
+    dm = Contexts(3, "different")
+    for m in (Leaky(hidden=[5]), ReLUNet(hidden=[5, 4])):
+        m.build(dm.X, dm.Y)
+        assert m._fast_epoch(dm.X, dm.Y, [w.data for w in m.W]) is None
+    m = GDLN(gating="reln", n_hidden=3, training="two_loss")
+    m.attach(dm)
+    m.build(dm.X, dm.Y)
+    assert m._fast_epoch(dm.X, dm.Y, [w.data for w in m.W]) is None
+
+
+def test_gradient_descent_is_sgd_to_the_bit_and_reads_its_state():
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    gd = GradientDescent([{"params": a[:1], "lr": 0.1}, {"params": a[1:], "lr": 0.03}], lr=0.1)
+    sgd = torch.optim.SGD([{"params": b[:1], "lr": 0.1}, {"params": b[1:], "lr": 0.03}])
+    for _ in range(3):
+        for p, q in zip(a, b):
+            p.grad = q.grad = torch.randn_like(p)
+        gd.step()
+        sgd.step()
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    a[1].grad = None  # left alone, as SGD leaves it
+    before = a[1].detach().clone()
+    gd.step()
+    assert torch.equal(a[1], before)
+    # a checkpoint written with SGD (before this class) restores the learning rates
+    state = sgd.state_dict()
+    state["param_groups"][1]["lr"] = 0.5
+    gd.load_state_dict(state)
+    assert [g["lr"] for g in gd.param_groups] == [0.1, 0.5]
+    assert gd.state_dict()["param_groups"] == [{"lr": 0.1, "params": [0]}, {"lr": 0.5, "params": [1]}]
+    with pytest.raises(ValueError, match="momentum"):
+        gd.load_state_dict(torch.optim.SGD([{"params": b[:1]}, {"params": b[1:]}], lr=0.1, momentum=0.9).state_dict())
+    with pytest.raises(ValueError, match="other parameter groups"):
+        gd.load_state_dict(torch.optim.SGD(b, lr=0.1).state_dict())
+
+
+def test_trainer_path_is_run_epochs_bits(tmp_path):
+    """Through Lightning (one GradientDescent step per epoch, chunks of 7 cut at max_steps) the
+    weights and losses are those of the plain loop; global_step counts epochs."""
+    net, dm = _net("reln")
+    ref, _ = _net("reln")
+    net.epochs_per_step = 7
+    seen = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(outputs["epoch_loss"]["GDLN"])
+
+    trainer = pl.Trainer(max_steps=30, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", callbacks=[Record()])
+    trainer.fit(net, datamodule=dm)
+    assert trainer.global_step == net.epochs_done == 30
+    L = ref.run_epochs(dm.X, dm.Y, 30)
+    assert torch.equal(torch.cat(seen, dim=1), L.T)
+    for a, b in zip(net.W, ref.W):
+        assert torch.equal(a, b)

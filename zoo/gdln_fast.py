@@ -1,0 +1,141 @@
+"""The fast path of full-batch training ([H] App. H sizes: an epoch is a few small matrix products).
+
+An epoch of the three-context ReLU net (24 points, 700 hidden units) is ~10 tensor operations of
+10-40 microseconds; what surrounds them decides the speed. Two pieces remove most of it:
+
+``GradientDescent``: plain gradient descent ``W <- W - lr W.grad`` as a minimal optimizer. Lightning
+counts ``global_step`` in calls of the optimizer's ``step``, and the networks take one per epoch, so
+the step's own cost is paid 8,000 times in an 8,000-epoch run. ``torch.optim.SGD`` adds ~25 us per
+call of machinery (profiler hooks, foreach dispatch, momentum bookkeeping) to an update of ~5 us;
+this class does the same update (``W.sub_(W.grad, alpha=lr)``: SGD without momentum, weight decay
+or dampening, to the bit) and nothing else. It satisfies Lightning's ``Optimizable`` protocol and
+reads the state dict of a plain SGD (a checkpoint written before it existed).
+
+``TwoLayerEpoch``: one epoch of a one-hidden-layer gated network (a ReLU net or a GDLN, [H] Eqs.
+1-2) by the hand-written gradients, the same operations in the same order as
+``FullBatchNet._grads``, written into tensors allocated at the first epoch and reused (``out=`` and
+in-place variants of the same kernels: the same bits, tested in tests/test_gdln_fast_path.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+_threshold_backward = torch.ops.aten.threshold_backward.grad_input
+
+
+class GradientDescent:
+    """Plain full-batch gradient descent ``W <- W - lr W.grad``, one group of parameters per
+    learning rate (``params``: tensors, or dicts ``{"params": [...], "lr": ...}`` as for torch's
+    optimizers). Parameters whose ``grad`` is None are left alone (as SGD leaves them)."""
+
+    def __init__(self, params: Iterable, lr: float) -> None:
+        params = list(params)
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        self.defaults = {"lr": lr}
+        self.param_groups = [{"params": list(g["params"]), "lr": g.get("lr", lr)} for g in groups]
+        self.state: dict = {}
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        if torch.is_grad_enabled():  # an in-place update of a leaf; the networks step under no_grad already
+            with torch.no_grad():
+                self._update()
+        else:
+            self._update()
+        return loss
+
+    def _update(self) -> None:
+        for group in self.param_groups:
+            lr = group["lr"]
+            for W in group["params"]:
+                if W.grad is not None:
+                    W.sub_(W.grad, alpha=lr)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for W in group["params"]:
+                if set_to_none:
+                    W.grad = None
+                elif W.grad is not None:
+                    W.grad.zero_()
+
+    def state_dict(self) -> dict:
+        """As torch's optimizers write it: no per-parameter state, the groups' lr and parameter indices."""
+        groups, i = [], 0
+        for g in self.param_groups:
+            groups.append({"lr": g["lr"], "params": list(range(i, i + len(g["params"])))})
+            i += len(g["params"])
+        return {"state": {}, "param_groups": groups}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The groups' learning rates from ``state`` (this class's, or a plain SGD's: momentum,
+        weight decay and dampening 0, which is what these networks were trained with)."""
+        groups = state["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(s["params"]) != len(g["params"]) for s, g in zip(groups, self.param_groups)):
+            raise ValueError("GradientDescent: the saved optimizer state has other parameter groups than this module")
+        for s in groups:
+            if any(s.get(k) for k in ("momentum", "weight_decay", "dampening", "nesterov", "maximize")):
+                raise ValueError("GradientDescent: the saved optimizer state is SGD with momentum, weight decay, "
+                                 "dampening, nesterov or maximize; plain gradient descent cannot continue it")
+        for s, g in zip(groups, self.param_groups):
+            g["lr"] = s["lr"]
+
+    def __repr__(self) -> str:
+        return f"GradientDescent(lr={[g['lr'] for g in self.param_groups]})"
+
+
+class TwoLayerEpoch:
+    """The loss gradients of a one-hidden-layer gated network on the full batch, into reused tensors.
+
+    ``gates``: None for a ReLU net (the gate is ``step(pre)``, backpropagated through
+    ``threshold_backward`` on the hidden activity), else the fixed node gates per unit (N, H) or
+    (E, N, H) of a GDLN. ``mask``: the GDLN's input mask per unit (H, n_in) or None. ``scale``:
+    1 (summed loss) or 1/N (mean). ``Ws`` are the weights' data (read every call: they change in
+    place). Calling it returns the loss (E,) or () before the update and the two gradients,
+    the same operations in the same order as ``FullBatchNet._grads`` (so the same bits)."""
+
+    def __init__(self, x: Tensor, y: Tensor, Ws: list[Tensor], gates: Tensor | None, mask: Tensor | None,
+                 scale: float) -> None:
+        self.x, self.y, self.Ws, self.gates, self.mask, self.scale = x, y, Ws, gates, mask, scale
+        self.half_scale = 0.5 * scale
+        # transposed views made once (the weights change in place); mm where nothing is batched
+        self.xT = x.transpose(-1, -2)
+        self.WT = [W.transpose(-1, -2) for W in Ws]
+        self.matmul = torch.mm if x.dim() == 2 and all(W.dim() == 2 for W in Ws) else torch.matmul
+        # zoo.gdln._outer's orientation, (act^T delta)^T where delta is the wider: for both gradients
+        H = Ws[0].shape[-2]
+        self.flip1, self.flip0 = y.shape[-1] > H, H > x.shape[-1]
+        # every intermediate: empty until the first epoch sizes it (out= resizes an empty tensor)
+        self.W0m, self.pre, self.out, self.sq, self.g1, self.delta, self.g0, self.g0m = (x.new_empty(0) for _ in range(8))
+
+    def __call__(self) -> tuple[Tensor, list[Tensor]]:
+        matmul, gates, mask, scale = self.matmul, self.gates, self.mask, self.scale
+        W1 = self.Ws[1]
+        W0T, W1T = self.WT
+        if mask is not None:
+            W0T = torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
+        h = matmul(self.x, W0T, out=self.pre)
+        h = h.relu_() if gates is None else h.mul_(gates)
+        err = matmul(h, W1T, out=self.out).sub_(self.y)
+        loss = torch.pow(err, 2, out=self.sq).sum((-1, -2)).mul_(self.half_scale)
+        if self.flip1:
+            g1 = matmul(h.transpose(-1, -2), err, out=self.g1).transpose(-1, -2)
+        else:
+            g1 = matmul(err.transpose(-1, -2), h, out=self.g1)
+        if scale != 1.0:
+            g1.mul_(scale)
+        delta = matmul(err, W1, out=self.delta)
+        if gates is None:
+            _threshold_backward(delta, h, 0.0, grad_input=delta)
+        else:
+            delta.mul_(gates)
+        g0 = matmul(self.xT, delta, out=self.g0).transpose(-1, -2) if self.flip0 else matmul(delta.transpose(-1, -2), self.x, out=self.g0)
+        if scale != 1.0:
+            g0.mul_(scale)
+        if mask is not None:
+            g0 = torch.mul(g0, mask, out=self.g0m)
+        return loss, [g0, g1]
