@@ -113,7 +113,8 @@ def measure(rounds: int, device: torch.device | None = None) -> list[tuple[float
             return run
 
         rates = harness.interleaved({"zoo": timed(zoo), "loop": timed(base)}, rounds)
-        out.append((harness.median(rates["zoo"]), harness.median(rates["loop"]), rel_diff(results["zoo"], results["loop"])))
+        out.append((harness.median(rates["zoo"]), harness.median(rates["loop"]),
+                    rel_diff(results["zoo"], results["loop"])))
     return out
 
 
@@ -123,10 +124,12 @@ def main() -> None:
     gpu = on_gpu(measure, args.rounds, GPU)
     print(f"\nDiagonal Fisher, 784-1000-5 sigmoid network, cross-entropy, float32 ({N:,} samples; the loop row "
           f"{N_LOOP}), {args.rounds} interleaved rounds")
-    print(f"{'row':46s} {'zoo samples/s':>14s} {'hand samples/s':>15s} {'max rel. diff':>14s} {HEADING + ' zoo/hand':>16s}")
+    gw = max(16, len(HEADING) + 9)
+    print(f"{'row':46s} {'zoo samples/s':>14s} {'hand samples/s':>15s} {'max rel. diff':>14s} "
+          f"{HEADING + ' zoo/hand':>{gw}s}")
     for i, (label, (zoo, base, diff)) in enumerate(zip(LABELS, cpu)):
         g = gpu if not isinstance(gpu, list) else f"{gpu[i][0]:,.0f}/{gpu[i][1]:,.0f}"
-        print(f"{label:46s} {zoo:14,.0f} {base:15,.0f} {diff:14.1e} {cell(g, 16)}")
+        print(f"{label:46s} {zoo:14,.0f} {base:15,.0f} {diff:14.1e} {cell(g, gw)}")
         if diff > TOLERANCE:
             raise SystemExit(f"{label}: the two sides differ by {diff:.1e} (relative), over {TOLERANCE:.0e}")
     print(f"(results agree within {TOLERANCE:.0e} relative: float rounding of sums in another order)")
