@@ -90,10 +90,11 @@ def main() -> None:
     results = {name: (measure(make, args.rounds), on_gpu(gpu_ratio, make, args.rounds), goal)
                for name, (make, goal) in FITS.items()}
     print(f"\nRunCheckpoint (last.ckpt 10 times) against the same fit without; {args.rounds} interleaved rounds")
+    gw = max(14, len(HEADING) + 7)
     print(f"{'fit':42s} {'none s':>8s} {'RunCheckpoint s':>16s} {'ratio':>6s} {'same weights':>13s} "
-          f"{HEADING + ' ratio':>14s}")
+          f"{HEADING + ' ratio':>{gw}s}")
     for name, ((on, off, same), gpu, _) in results.items():
-        print(f"{name:42s} {off:8.2f} {on:16.2f} {off / on:6.3f} {str(same):>13s} {cell(gpu, 14, '.3f')}")
+        print(f"{name:42s} {off:8.2f} {on:16.2f} {off / on:6.3f} {str(same):>13s} {cell(gpu, gw, '.3f')}")
     if not all(r[0][2] for r in results.values()):
         raise SystemExit("a fit with RunCheckpoint trained other weights than the same fit without")
     harness.report([harness.Row(f"RunCheckpoint overhead, {name}", zoo=on, baseline=off, unit="s", goal=goal,

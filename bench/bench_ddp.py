@@ -136,15 +136,16 @@ def main() -> None:
     print(f"\nMember-parallel MultiHeadStudent: E = {E}, d = {D}, p = 2, erf, {args.steps:,} online SGD steps; "
           f"{args.threads} torch thread(s) per process; medians of {args.rounds} interleaved rounds "
           f"(on {os.cpu_count()} cores)")
+    gw = max(14, len(HEADING) + 9)
     print(f"{'processes':>10s} {'train s':>9s} {'student-steps/s':>16s} {'speed-up':>9s} {'CPU s/proc':>11s} "
-          f"{'CPU ratio':>10s} {'whole run s':>12s} {'speed-up':>9s} {HEADING + ' train s':>14s}")
+          f"{'CPU ratio':>10s} {'whole run s':>12s} {'speed-up':>9s} {HEADING + ' train s':>{gw}s}")
     med = {n: {k: harness.median([r[k] for r in fits[n]]) for k in ("train_s", "cpu_s", "wall_s")} for n in (1, 2)}
     for n in (1, 2):
         m = med[n]
         print(f"{n:>10d} {m['train_s']:9.1f} {E * args.steps / m['train_s']:16,.0f} "
               f"{med[1]['train_s'] / m['train_s']:9.2f} {m['cpu_s']:11.1f} {med[1]['cpu_s'] / m['cpu_s']:10.2f} "
               f"{m['wall_s']:12.1f} {med[1]['wall_s'] / m['wall_s']:9.2f} "
-              f"{cell(gpu_train if n == 1 else None, 14, '.1f')}")
+              f"{cell(gpu_train if n == 1 else None, gw, '.1f')}")
     print(f"rounds (train s): 1 process {[round(r['train_s'], 1) for r in fits[1]]}, "
           f"2 processes {[round(r['train_s'], 1) for r in fits[2]]}")
     print(f"weights after fit, 2 processes vs 1: max |difference| {diff:.1e} "
