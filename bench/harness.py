@@ -21,18 +21,23 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-import torch
 
-
-def arguments(description: str | None = None, rounds: int = 5) -> argparse.Namespace:
+def arguments(description: str | None = None, rounds: int = 5,
+              extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     """The benches' common flags, with torch's thread count set from ``--threads`` (default 1:
-    ratios are compared at one thread on both sides)."""
+    ratios are compared at one thread on both sides); ``extra(parser)`` adds a bench's own."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides (default 1)")
     parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default {rounds})")
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    import torch  # here, not at the top: summary.py reads rows without paying torch's import
+
     torch.set_num_threads(args.threads)
     return args
 
@@ -98,6 +103,8 @@ def table(rows: list[dict]) -> str:
 def report(rows: list[Row]) -> None:
     """Print the rows with the load average and the thread count, and append them to
     ``$BENCH_SUMMARY`` when set."""
+    import torch
+
     as_dicts = [{**asdict(r), "ratio": r.ratio, "met": r.met, "load": load_average(),
                  "threads": torch.get_num_threads()} for r in rows]
     print(table(as_dicts))
