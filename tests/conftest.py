@@ -22,10 +22,21 @@ def _zoo_cache(tmp_path_factory):
 def one_thread():
     """Pins torch to one thread for tests of tiny networks: they gain nothing from threads, and on
     a loaded CPU a second OpenMP thread makes every tiny op wait for a core (measured 30x slower)."""
+    yield from _threads(1)
+
+
+@pytest.fixture
+def two_threads():
+    """The process at 2 intra-op threads (torch's default on the 2-core machine), restored after:
+    for tests of the zoo's own scoped thread choice (zoo.threads)."""
+    yield from _threads(2)
+
+
+def _threads(n: int):
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     yield
     torch.set_num_threads(before)
 

@@ -92,14 +92,6 @@ def test_a_member_has_the_same_bits_in_any_slice_at_a_large_d(B, one_thread):
         assert torch.equal(W_part, W[lo:hi]) and torch.equal(h_part, h[lo:hi])
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_a_small_student_steps_on_one_thread_and_restores_the_callers_count(two_threads, monkeypatch):
     seen = []
     kernel = zoo.student.online_block

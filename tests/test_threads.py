@@ -13,15 +13,6 @@ import zoo.theory.phase as phase
 from zoo.threads import SMALL_WORK, broadcast_work, num_threads, threads_for
 
 
-@pytest.fixture
-def two_threads():
-    """The process at 2 intra-op threads (torch's default on the 2-core machine), restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_num_threads_sets_then_restores(two_threads):
     with num_threads(1):
         assert torch.get_num_threads() == 1
