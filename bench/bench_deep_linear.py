@@ -19,7 +19,6 @@ finiteness check: at this size a step takes about 5 ms on an idle core, so a per
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 
 import lightning.pytorch as pl

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from tests.conftest import quiet_trainer
 from tests.helpers_vae import TinySquares, short_trainer
