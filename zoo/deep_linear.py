@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torchmetrics.regression import MeanSquaredError
 
 from zoo.distributed import MemberParallel, gather_members, is_sharded
+from zoo.evaluation import log_at_global_step
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
@@ -530,8 +531,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         # marks them reduced (Lightning warns about epoch-level values that are not)
         same = dict(sync_dist=True, reduce_fx="max")
         self.log(f"{stage}/mse", mse.mean(), **same)
-        if self.trainer.state.fn == "fit":  # at the step of training; validate/test have no step of their own
-            self.log("step", float(self.global_step), **same)
+        log_at_global_step(self)  # in a fit, at the step of training; validate/test have no step of their own
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)}, **same)
 

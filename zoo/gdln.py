@@ -51,6 +51,7 @@ from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
 from zoo.theory import gdln as theory
 from zoo.theory.gdln import Gating, common_limit
+from zoo.threads import num_threads as scoped_threads  # the constructors take an argument named num_threads
 
 
 def _outer(delta: Tensor, act: Tensor) -> Tensor:
@@ -86,16 +87,12 @@ def descend(grad_fns: list[Callable[[], Tensor]], n: int, step: Callable[[], obj
     (n, E) tensor per function."""
     losses: list[list[Tensor]] = [[] for _ in grad_fns]
     # an epoch of a small net is ~15 tensor ops of a few microseconds each: keep the loop lean
-    with torch.no_grad(), cpu_threads(threads):
+    with torch.no_grad(), scoped_threads(threads):
         for _ in range(n):
             for L, fn in zip(losses, grad_fns):
                 L.append(fn())
             step()
     return [torch.stack(L) for L in losses]
-
-
-# the scoped thread count of every small-tensor path (zoo.threads), under this module's old name
-from zoo.threads import num_threads as cpu_threads  # noqa: E402
 
 
 def members_of(module: MemberParallel, t: Tensor) -> Tensor:
@@ -536,7 +533,7 @@ class GDLN(FullBatchNet):
                 raise ValueError("GDLN: training = 'residual' needs one set of gates (N, P) for all members")
             # on the module's threads, as its training: BLAS sums in another order on another count,
             # and a resumed run must find the same limit as the run it continues
-            with cpu_threads(self.num_threads if X.device.type == "cpu" else None):
+            with scoped_threads(self.num_threads if X.device.type == "cpu" else None):
                 limit = common_limit(X, Y, self.gating)
             self.register_buffer("y_common_limit", limit)  # float64: cast at use
 

@@ -40,6 +40,7 @@ from zoo.ensemble import layer_schemes, member_params, multi_head_weights, resol
 from zoo.evaluation import log_at_global_step
 from zoo.ewc import EWC, EWCState, ensemble_state
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.logs import log_scalars
 from zoo.progress import Progress
 from zoo.progress import attached_trainer
 from zoo.task_switch import TaskSwitchAtBatchEnd
@@ -486,9 +487,8 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         self.log_dict(metrics, logger=not own_axis, sync_dist=True, reduce_fx="max")
         if metrics and not own_axis:
             log_at_global_step(self)
-        if own_axis and self.trainer.is_global_zero:
-            for lg in self.trainer.loggers:
-                lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
+        if own_axis:
+            log_scalars(self.trainer, metrics)  # at the module's axis, samples_seen (zoo.logs.log_step)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._evaluate("val", batch)
