@@ -146,3 +146,17 @@ def test_phase_diagram_runs_on_one_thread_and_gives_the_same_bits(two_threads, m
     torch.testing.assert_close(scoped, unscoped, rtol=0, atol=0, equal_nan=True)  # NaN: |lam1| < |lam2|
     kw = dict(s=1.0, a0=1e-3, lr=0.1, steps=30)
     assert torch.equal(phase.simulate_two_pathways(lam1, lam2, **kw), phase.simulate_two_pathways.__wrapped__(lam1, lam2, **kw))
+
+
+def test_race_trajectory_runs_on_one_thread_and_gives_the_same_bits(two_threads, monkeypatch):
+    """[H]'s neural race: thousands of steps of a few small einsums (the XoR task's 2 pathways)."""
+    import zoo.theory.gdln as gdln
+    from datamodules.xor import XorMargin
+
+    dm = XorMargin(Delta=0.4)
+    seen = _spy(monkeypatch, gdln, "effective_datasets")
+    args = (dm.X, dm.Y, dm.gating("linear"), 50)
+    scoped = gdln.race_trajectory(*args, tau=10.0, a0=1e-3)
+    unscoped = gdln.race_trajectory.__wrapped__(*args, tau=10.0, a0=1e-3)
+    assert seen == [1, 2]
+    assert all(torch.equal(a, b) for a, b in zip(scoped, unscoped))

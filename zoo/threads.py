@@ -1,7 +1,8 @@
 """Thread counts chosen for a computation's size, for the call only (never the process).
 
 Code made of many small tensor operations (the mean-field ODE of :mod:`zoo.theory.meanfield`,
-the closed forms of :mod:`zoo.theory.linear`, the RK4 loop of :mod:`zoo.theory.phase`) gains
+the closed forms of :mod:`zoo.theory.linear`, the RK4 loop of :mod:`zoo.theory.phase`, the neural
+race of :mod:`zoo.theory.gdln`) gains
 nothing from a second intra-op thread and loses a great deal when the machine is busy: an
 operation that opens an OpenMP parallel region (index_select, the VML paths of sqrt/asin/exp from
 a few thousand elements on) waits for its second thread to be scheduled, and on a loaded core that

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from zoo.theory.linear import saxe_mode
+from zoo.threads import sized_threads
 
 __all__ = [
     "pathway_mode_matrices",
@@ -127,6 +128,15 @@ def loss_of_maps(X: Tensor, Y: Tensor, gating: Gating, maps: Tensor) -> Tensor:
     return 0.5 * (out - Y).pow(2).sum((-1, -2)) / X.shape[0]
 
 
+def _race_work(X: Tensor, Y: Tensor, gating: Gating, *args, **kwargs) -> tuple[int, torch.device]:
+    """Elements of ``race_trajectory``'s largest per-step operation (the einsum over pathway pairs,
+    P^2 n_out n_in multiply-adds) and the device, for :func:`zoo.threads.sized_threads`."""
+    P = gating.n_pathways
+    return P * P * Y.shape[1] * X.shape[1], X.device
+
+
+# a few small einsums and products a step, thousands of steps: one thread unless a step is large
+@sized_threads(_race_work)
 def race_trajectory(
     X: Tensor, Y: Tensor, gating: Gating, steps: int, *, tau: float, a0: float | Tensor,
     training: Literal["joint", "two_loss", "residual"] = "joint", record_every: int = 1,
