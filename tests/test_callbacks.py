@@ -71,8 +71,13 @@ def test_network_map_logs_member_and_target_images(tmp_path):
 
 
 def test_images_without_tensorboard_warn_once_and_skip(tmp_path):
-    with pytest.warns(UserWarning, match="need a TensorBoardLogger"):
+    with pytest.warns(UserWarning, match="need a TensorBoardLogger") as record:
         _fit(tmp_path, [NetworkMap(every_n_steps=10)], steps=20, logger=False)
+    ours = [w for w in record if "TensorBoardLogger" in str(w.message)]
+    assert len(ours) == 1
+    # the warning points at the code that decided to skip (a warn_once call), not into warn_once
+    line = open(ours[0].filename).read().splitlines()[ours[0].lineno - 1]
+    assert "warn_once(" in line and "def warn_once" not in line
 
 
 def test_periodic_callback_is_due_only_when_a_multiple_is_crossed():

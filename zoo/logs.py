@@ -90,7 +90,7 @@ def write_table(trainer: pl.Trainer, name: str, rows: list[dict]) -> Path:
 def warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        rank_zero_warn(message)
+        rank_zero_warn(message, stacklevel=5)  # where warn_once was called, not this line
 
 
 def log_figure(trainer: pl.Trainer, tag: str, fig, png: str | None = None, step: int | None = None) -> Path | None:
