@@ -308,9 +308,10 @@ def main(args: list[str] | None = None) -> None:
             build_cli(None if args is None else argv, parser_kwargs=raising_parser_kwargs(SUBCOMMANDS))
     except SIGTERMException:
         # RunCheckpoint saved the state after the last finished batch; a scheduler that requeues
-        # the job sees a failure, not a finished run
-        print("zoo: stopped by SIGTERM; last.ckpt holds the state after the last finished batch: resume with "
-              "--ckpt_path last", file=sys.stderr)
+        # the job sees a failure, not a finished run. Rank 0's end-of-run block (stdout) has already
+        # said where the checkpoint is and how to resume: one line here, on every rank, for logs
+        # that keep stderr only
+        print("zoo: stopped by SIGTERM (exit code 143)", file=sys.stderr)
         sys.exit(143)
 
 
