@@ -60,6 +60,17 @@ def test_every_theory_pointer_resolves_and_no_old_pointer_remains():
     assert not old, f"pointers to {OLD_NAME}, which is not in the repository:\n" + "\n".join(old)
 
 
+def test_every_module_has_an_api_entry():
+    """Each module of the packages is rendered on one of the API pages (``::: name`` lines)."""
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "docs" / "api").glob("*.md"))
+    listed = set(re.findall(r"^::: ([\w.]+)$", pages, flags=re.M))
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts)
+               for pkg in ("zoo", "callbacks", "datamodules") for p in (REPO / pkg).rglob("*.py")
+               if not p.name.startswith("__")}
+    assert len(modules) > 80  # the scan found the packages
+    assert not modules - listed, f"modules on no API page: {sorted(modules - listed)}"
+
+
 @pytest.mark.slow
 def test_site_builds_strict(tmp_path):
     """``mkdocs build --strict`` offline (no plugin fetches anything at build time), as a user runs it."""
