@@ -6,14 +6,17 @@ Full-batch gradient descent of lambda ensembles of 8-8-8 networks on the semanti
 baseline is the strongest hand-written loop of the same arithmetic: the closed-form gradients
 ([L] Eq. 2) written out for two layers, on plain tensors, and the SGD update in place; no loss,
 no logging, no checks. The zoo is a ``Trainer.fit`` of ``DeepLinearNet`` (timed from the start of
-training to its end: every batch's Lightning loop, hooks, logging and finiteness check). Both
-sides end on the same weights, checked bit for bit here.
+training to its end: every batch's Lightning loop, hooks, logging, the loss of its first (and
+last) step and the finiteness check on it; no progress bar, whose live loss costs a ``self.log``
+a batch, and no validation, which the plain loop has no counterpart of). Both sides end on the
+same weights, checked bit for bit here.
 
-Two regimes: 100 steps per batch (E = 100, the recipes' many-step setting: the cost that remains
-is each step's ``optimizer.step()``, which Lightning must see to count the step), and one step per
-batch with E = 4096 members (every batch pays Lightning's per-batch work, its logging and the
-finiteness check: at this size a step takes about 5 ms on an idle core, so a per-batch cost of
-0.5 ms is the goal's tenth; with fewer members a step costs less and raising
+Two regimes: 100 steps per batch (E = 100, the recipes' many-step setting: what remains beside
+the arithmetic is each update's call of the optimizer, ``zoo.gdln_fast.GradientDescent``, counted
+by Lightning through ``zoo.steps.Updates``), and one step per batch with E = 4096 members (every
+batch pays Lightning's per-batch loop and the zoo's loss of every member, needed for the
+divergence check and the callbacks: at this size a step takes about 4-5 ms on an idle core, the
+loss ~0.2 ms and Lightning's loop ~0.15-0.3 ms; with fewer members a step costs less and raising
 ``steps_per_batch`` is the setting that amortises that work).
 """
 from __future__ import annotations
@@ -77,7 +80,8 @@ def zoo_path(E: int, steps_per_batch: int, steps: int, accelerator: str = "cpu")
     net = network(E, steps_per_batch)
     watch = Stopwatch(GPU if accelerator == ACCELERATOR else None)
     trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator=accelerator, devices=1, callbacks=[watch])
+                         enable_model_summary=False, limit_val_batches=0, accelerator=accelerator, devices=1,
+                         callbacks=[watch])
     trainer.fit(net, datamodule=dm)
     return steps / watch.seconds, [W.detach() for W in net.W]
 
