@@ -154,3 +154,18 @@ def test_logged_rows_are_every_nth_batch_at_the_step_of_their_loss():
         assert m["loss"] == float(losses[step].mean())
         assert [m["loss/lam=-2"], m["loss/lam=2"]] == losses[step].tolist()
     assert torch.equal(t.callback_metrics["loss"], losses[27].mean())  # the last batch's, at step 27
+
+
+def test_two_layer_gradients_in_reused_tensors_are_closed_form_gradients_bit_for_bit():
+    """Across calls that change the batch (a smaller last minibatch) and the members, and back."""
+    from zoo.deep_linear import TwoLayerGradients, closed_form_gradients, half_mean_squared
+
+    g = torch.Generator().manual_seed(0)
+    two = TwoLayerGradients()
+    for E, N in ((5, 12), (5, 7), (3, 12), (5, 12)):
+        Ws = [torch.randn(E, 4, 6, generator=g), torch.randn(E, 3, 4, generator=g)]
+        x, y = torch.randn(N, 6, generator=g).expand(E, N, 6), torch.randn(N, 3, generator=g)
+        D, grads = closed_form_gradients(Ws, x, y)
+        D2, grads2 = two(Ws, x, y)
+        assert torch.equal(D2, D) and all(torch.equal(a, b) for a, b in zip(grads2, grads))
+        assert torch.equal(two.loss(D2), half_mean_squared(D))
