@@ -448,7 +448,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         """Whether Lightning writes this training batch's logged values to the loggers: every
         ``log_every_n_steps``-th batch of the fit (counted across epochs and resumes), and any batch
         once the run is stopping or in a ``fast_dev_run`` (Lightning's rule, lightning 2.6;
-        tests/test_deep_linear_logs.py checks the rows it writes)."""
+        tests/test_deep_linear_fast_path.py checks the rows it writes)."""
         trainer = self.trainer
         every = trainer.log_every_n_steps
         batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # this one included
