@@ -4,16 +4,19 @@
 
 Full-batch gradient descent of lambda ensembles of 8-8-8 networks on the semantic hierarchy. The
 baseline is the strongest hand-written loop of the same arithmetic: the closed-form gradients
-([L] Eq. 2) written out for two layers, on plain tensors, and the SGD update in place; no loss,
-no logging, no checks. The zoo is a ``Trainer.fit`` of ``DeepLinearNet`` (timed from the start of
-training to its end: every batch's Lightning loop, hooks, logging and finiteness check). Both
-sides end on the same weights, checked bit for bit here.
+([L] Eq. 2) written out for two layers, on plain tensors, into tensors allocated once, and the SGD
+update in place; no loss, no logging, no checks. The zoo is a ``Trainer.fit`` of ``DeepLinearNet`` (timed from the start of
+training to its end: every batch's Lightning loop, hooks, logging, the loss of its first (and
+last) step and the finiteness check on it; no progress bar, whose live loss costs a ``self.log``
+a batch, and no validation, which the plain loop has no counterpart of). Both sides end on the
+same weights, checked bit for bit here.
 
-Two regimes: 100 steps per batch (E = 100, the recipes' many-step setting: the cost that remains
-is each step's ``optimizer.step()``, which Lightning must see to count the step), and one step per
-batch with E = 4096 members (every batch pays Lightning's per-batch work, its logging and the
-finiteness check: at this size a step takes about 5 ms on an idle core, so a per-batch cost of
-0.5 ms is the goal's tenth; with fewer members a step costs less and raising
+Two regimes: 100 steps per batch (E = 100, the recipes' many-step setting: what remains beside
+the arithmetic is each update's call of the optimizer, ``zoo.gdln_fast.GradientDescent``, counted
+by Lightning through ``zoo.steps.Updates``), and one step per batch with E = 4096 members (every
+batch pays Lightning's per-batch loop and the zoo's loss of every member, needed for the
+divergence check and the callbacks: at this size a step takes about 4-5 ms on an idle core, the
+loss ~0.2 ms and Lightning's loop ~0.15-0.3 ms; with fewer members a step costs less and raising
 ``steps_per_batch`` is the setting that amortises that work).
 """
 from __future__ import annotations
@@ -41,18 +44,23 @@ def network(E: int, steps_per_batch: int) -> DeepLinearNet:
 
 
 def plain_loop(E: int, steps: int, device: torch.device | None = None) -> tuple[float, list[torch.Tensor]]:
-    """Steps/s of closed-form GD by hand, and the final weights."""
+    """Steps/s of closed-form GD by hand, and the final weights. Every intermediate is written into a
+    tensor allocated once (``out=``; in place): with many members a fresh megabyte-sized tensor per
+    operation costs page faults at every step (~10-20% at E = 4096), and the same kernels give the
+    same bits."""
     dm = SemanticHierarchy()
     W1, W2 = (W.detach().clone().to(device) for W in network(E, 1).W)
     X, Y = dm.X.to(device), dm.Y.to(device)
     x = X.expand(E, *X.shape)
+    M, D, G, g1, g2 = (torch.empty_like(W1) for _ in range(5))  # 8-8-8 on 8 samples: every one (E, 8, 8)
     with torch.no_grad():
         t = clock(device)
         for _ in range(steps):
-            D = x @ (W2 @ W1).transpose(-1, -2) - Y  # residual of the map W2 W1
-            G = D.transpose(-1, -2) @ x / D.shape[-2]  # dL/dM
-            g2 = G @ W1.transpose(-1, -2)
-            g1 = W2.transpose(-1, -2) @ G
+            torch.matmul(W2, W1, out=M)  # the map W2 W1
+            torch.matmul(x, M.mT, out=D).sub_(Y)  # its residual
+            torch.matmul(D.mT, x, out=G).div_(D.shape[-2])  # dL/dM
+            torch.matmul(G, W1.mT, out=g2)
+            torch.matmul(W2.mT, G, out=g1)
             W2.add_(g2, alpha=-LR)  # torch.optim.SGD's update
             W1.add_(g1, alpha=-LR)
         return steps / (clock(device) - t), [W1, W2]
@@ -77,7 +85,8 @@ def zoo_path(E: int, steps_per_batch: int, steps: int, accelerator: str = "cpu")
     net = network(E, steps_per_batch)
     watch = Stopwatch(GPU if accelerator == ACCELERATOR else None)
     trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator=accelerator, devices=1, callbacks=[watch])
+                         enable_model_summary=False, limit_val_batches=0, accelerator=accelerator, devices=1,
+                         callbacks=[watch])
     trainer.fit(net, datamodule=dm)
     return steps / watch.seconds, [W.detach() for W in net.W]
 

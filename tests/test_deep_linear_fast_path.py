@@ -80,3 +80,92 @@ def test_a_divergence_inside_a_batch_names_its_first_step_and_member(steps_per_b
     assert steps_per_batch == 1 or bad[0] % steps_per_batch
     with pytest.raises(DivergenceError, match=rf"not finite at step {bad[0]} for ensemble member\(s\) lam=30: "):
         fit(net, dm, 200)
+
+
+class EveryUpdate(pl.Callback):
+    """A hook Lightning calls before every optimizer update: with it, each update goes through
+    ``LightningOptimizer.step`` (zoo.steps), the path of a run without the direct updates."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.calls += 1
+
+
+class TorchSGD(DeepLinearNet):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("steps_per_batch", [1, 4])
+def test_direct_updates_give_the_bits_and_steps_of_updates_through_lightning(steps_per_batch):
+    """The default run (the optimizer's own step, counted by zoo.steps) against every update through
+    Lightning's step (a hook that needs each one), and against torch's SGD as the optimizer."""
+    def run(cls, callbacks=()):
+        net = cls(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.1), lr=0.05, steps_per_batch=steps_per_batch)
+        t = pl.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                       enable_model_summary=False, accelerator="cpu", devices=1, callbacks=list(callbacks))
+        t.fit(net, datamodule=SemanticHierarchy(batches_per_epoch=2))
+        return t, net
+    hook = EveryUpdate()
+    direct, via_lightning, sgd = run(DeepLinearNet), run(DeepLinearNet, [hook]), run(TorchSGD)
+    assert hook.calls == 12  # every update went through Lightning
+    for t, net in (direct, via_lightning, sgd):
+        # the same count of updates, and of batches and epochs, in the state a checkpoint saves
+        assert t.global_step == 12 and t.fit_loop.state_dict() == direct[0].fit_loop.state_dict()
+        assert all(torch.equal(W, V) for W, V in zip(net.W, direct[1].W))
+        assert torch.equal(t.callback_metrics["loss"], direct[0].callback_metrics["loss"])
+
+
+class Rows(pl.loggers.Logger):
+    """Every row the Trainer writes: (step, metrics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    name, version = "rows", 0
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def test_logged_rows_are_every_nth_batch_at_the_step_of_their_loss():
+    """Lightning writes a training batch's logged values every ``log_every_n_steps`` batches (across
+    epochs): each such row holds that batch's loss, of each member and their mean, at the step of
+    the weights it was computed on; the module logs nothing it would not write, and the last batch's
+    loss is in ``callback_metrics``."""
+    dm = SemanticHierarchy(batches_per_epoch=4)
+    net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.1), lr=0.05, steps_per_batch=3)
+    _, losses = hand_gd([W.detach().clone() for W in net.W], dm.X, dm.Y, 0.05, 30)
+    logger = Rows()
+    t = pl.Trainer(max_steps=30, logger=logger, log_every_n_steps=3, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    t.fit(net, datamodule=dm)
+    rows = [(s, m) for s, m in logger.rows if "loss" in m]
+    # batches 3, 6, 9 of 3 steps each (epochs of 4 batches): their first steps
+    assert [s for s, _ in rows] == [6, 15, 24]
+    for step, m in rows:
+        assert set(m) == {"loss", "loss/lam=-2", "loss/lam=2"}
+        assert m["loss"] == float(losses[step].mean())
+        assert [m["loss/lam=-2"], m["loss/lam=2"]] == losses[step].tolist()
+    assert torch.equal(t.callback_metrics["loss"], losses[27].mean())  # the last batch's, at step 27
+
+
+def test_two_layer_gradients_in_reused_tensors_are_closed_form_gradients_bit_for_bit():
+    """Across calls that change the batch (a smaller last minibatch) and the members, and back."""
+    from zoo.deep_linear import TwoLayerGradients, closed_form_gradients, half_mean_squared
+
+    g = torch.Generator().manual_seed(0)
+    two = TwoLayerGradients()
+    for E, N in ((5, 12), (5, 7), (3, 12), (5, 12)):
+        Ws = [torch.randn(E, 4, 6, generator=g), torch.randn(E, 3, 4, generator=g)]
+        x, y = torch.randn(N, 6, generator=g).expand(E, N, 6), torch.randn(N, 3, generator=g)
+        D, grads = closed_form_gradients(Ws, x, y)
+        D2, grads2 = two(Ws, x, y)
+        assert torch.equal(D2, D) and all(torch.equal(a, b) for a, b in zip(grads2, grads))
+        assert torch.equal(two.loss(D2), half_mean_squared(D))

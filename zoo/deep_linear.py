@@ -10,10 +10,11 @@ the members' losses, so each member receives exactly its own gradient.
 
 Each ``training_step`` takes ``steps_per_batch`` gradient steps on its batch (manual
 optimisation): Lightning's per-step overhead is many times the cost of a step of a small
-linear network, and the papers' experiments take thousands of steps. Each step is one
-``optimizer.step()``, so Lightning's own ``global_step`` counts gradient steps and ``max_steps``
-and the callbacks' ``every_n_steps`` mean what they say; ``samples_seen`` counts the samples
-those steps consumed (``zoo.progress``). The gradients are computed in closed form
+linear network, and the papers' experiments take thousands of steps. Each step is one update
+by the configured optimizer, counted by Lightning as an optimizer step (``zoo.steps.Updates``), so
+its own ``global_step`` counts gradient steps and ``max_steps`` and the callbacks'
+``every_n_steps`` mean what they say; ``samples_seen`` counts the samples those steps consumed
+(``zoo.progress``). The gradients are computed in closed form
 (:meth:`DeepLinearNet.losses_and_gradients`) unless a subclass overrides ``member_loss``, which
 then trains by autograd.
 
@@ -41,11 +42,13 @@ from torchmetrics.regression import MeanSquaredError
 
 from zoo.distributed import MemberParallel, gather_members, is_sharded
 from zoo.evaluation import log_at_global_step
+from zoo.gdln_fast import GradientDescent
 from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
+from zoo.steps import Updates
 
 
 class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
@@ -103,6 +106,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         self.task_aligned, self.seed, self.steps_per_batch = task_aligned, seed, steps_per_batch
         self.reversed_modes = list(reversed_modes or [])
         self.automatic_optimization = False
+        self._two_layer = TwoLayerGradients()  # the GD step's working tensors, reused (not state)
         self.init_progress()
         self.member_params = scheme_member_params(scheme, E, seed)
         self.labels = member_labels(self.member_params)
@@ -405,62 +409,102 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             first, last, start = self._closed_form_steps(batch)
             # every member's losses on every rank (members are sharded across processes): one exchange
             # and one host sync per call, and every rank takes the same decision on divergence
-            losses = self.all_member_values(torch.stack([first, last]), dim=1)
-            if not bool(torch.isfinite(losses).all()):
+            losses = self.all_member_values(first[None] if last is None else torch.stack([first, last]), dim=1)
+            total = losses[0].sum()
+            # losses are >= 0 or NaN: a sum is finite unless a loss is not (or the sum overflowed: then look)
+            if not math.isfinite(total if last is None else losses.sum()) and not bool(torch.isfinite(losses).all()):
                 self._stop_diverged(batch, first_step, losses, start)
         else:
             losses = self._autograd_steps(batch, first_step)
+            total = losses[0].sum()
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
         first = losses[0]
-        self.log("loss", first.mean(), prog_bar=True)
-        # a logged "step" is the loggers' x-axis (Lightning's documented rule): the step these losses
-        # belong to, as the callbacks' curves, not the count of batches
+        self._log_training(first, first_step)
+        # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
+        return {"loss": total, "member_loss": first, "loss_step": first_step}
+
+    def _log_training(self, first: Tensor, first_step: int) -> None:
+        """The batch's loss (mean over members, and each member's up to ``MAX_MEMBER_TAGS``) at
+        ``first_step``, the step it belongs to (a logged ``step`` is the loggers' x-axis, Lightning's
+        documented rule), on the batches whose logged values reach the loggers (:meth:`_logs_written`).
+
+        ``self.log`` costs ~0.2-0.5 ms a key (Lightning moves its stored result to the value's device
+        at every call), as much as a GD step of 4,096 members: the keys are logged where something
+        reads them. Elsewhere only ``loss`` is, for a progress bar (it shows every batch's), at the
+        last batch of an epoch and of the fit (``callback_metrics``, what ``EarlyStopping`` and
+        ``ModelCheckpoint(monitor="loss")`` read at the epoch's end); between, ``callback_metrics``
+        hold the last logged batch's values."""
+        trainer = self.trainer
+        written = self._logs_written()
+        if written or trainer.progress_bar_callback is not None or self._last_batch():
+            self.log("loss", first.mean(), prog_bar=True)
+        if not written:
+            return
         self.log("step", float(first_step))
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
-        # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
-        return {"loss": first.sum(), "member_loss": first, "loss_step": first_step}
 
-    def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, list[Tensor] | None]:
+    def _logs_written(self) -> bool:
+        """Whether Lightning writes this training batch's logged values to the loggers: every
+        ``log_every_n_steps``-th batch of the fit (counted across epochs and resumes), and any batch
+        once the run is stopping or in a ``fast_dev_run`` (Lightning's rule, lightning 2.6;
+        tests/test_deep_linear_fast_path.py checks the rows it writes)."""
+        trainer = self.trainer
+        every = trainer.log_every_n_steps
+        batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # this one included
+        return (every > 0 and batches % every == 0) or trainer.should_stop or bool(trainer.fast_dev_run)
+
+    def _last_batch(self) -> bool:
+        """This batch ends an epoch or the fit (``max_steps``; ``global_step`` counts its updates already)."""
+        trainer = self.trainer
+        return (trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+                or 0 <= trainer.max_steps <= self.global_step)
+
+    def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
         """``steps_per_batch`` GD steps with closed-form gradients; the losses (E,) of the first and
-        the last step, and the weights at the start (None for one step), kept so that a divergence
-        can be replayed to name its first step (:meth:`_stop_diverged`).
+        the last step (None for one step), and the weights at the start (None for one step), kept so
+        that a divergence can be replayed to name its first step (:meth:`_stop_diverged`).
 
-        The loop holds only a step's arithmetic and its ``optimizer.step()`` (Lightning counts the
-        gradient steps there, for ``max_steps`` and the callbacks); the losses of the steps between
-        are not computed (the loss is logged once per batch) and nothing is read on the host: the
-        caller checks the two losses once."""
-        opt, params = self.optimizers(), list(self.W)
+        The loop holds only a step's arithmetic and its update by the configured optimizer, applied
+        by ``zoo.steps.Updates`` (the optimizer's own ``step``, each update counted by Lightning as an
+        optimizer step: ``global_step``, ``max_steps`` and the callbacks' ``every_n_steps`` count
+        gradient steps); the losses of the steps between are not computed (the loss is logged once
+        per batch) and nothing is read on the host: the caller checks the two losses once."""
+        updates, params = Updates(self), list(self.W)
         Ws = [W.detach() for W in params]  # plain tensors: a Parameter's every operation costs more Python
         x, y = self._gd_batch(batch)
         data_parallel = not is_sharded(self) and self.trainer.world_size > 1
         start = [W.clone() for W in Ws] if self.steps_per_batch > 1 else None
-        last_step = self.steps_per_batch - 1
+        if len(Ws) == 2:
+            gradients, loss = self._two_layer, self._two_layer.loss
+        else:
+            gradients, loss = closed_form_gradients, half_mean_squared
         with torch.no_grad():
             for k in range(self.steps_per_batch):
-                D, grads = closed_form_gradients(Ws, x, y)
+                D, grads = gradients(Ws, x, y)
                 if k == 0:
-                    first = half_mean_squared(D)
-                if k == last_step:
-                    last = first if k == 0 else half_mean_squared(D)
+                    first = loss(D)
                 if data_parallel:  # what DDP's backward hooks do for autograd: the ranks' mean gradient
                     grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
                 for W, g in zip(params, grads):
                     W.grad = g
-                opt.step()  # the update, by the configured optimizer; Lightning counts it as a step
+                updates()
+            last = loss(D) if start is not None else None  # D: the last step's, before its update
+        updates.finish()
         return first, last, start
 
     def _autograd_steps(self, batch: tuple[Tensor, Tensor], first_step: int) -> Tensor:
         """``steps_per_batch`` steps of autograd on :meth:`member_loss` (a subclass's loss); every
         step's losses of every member, (steps, E), checked (a subclass's loss may be finite again
         after a non-finite one)."""
-        opt, step_losses = self.optimizers(), []
+        opt, updates, step_losses = self.optimizers(), Updates(self), []
         for _ in range(self.steps_per_batch):
             losses = self.member_loss(batch)
             step_losses.append(losses.detach())
             opt.zero_grad(set_to_none=True)
             self.manual_backward(losses.sum())
-            opt.step()
+            updates()
+        updates.finish()
         losses = self.all_member_values(torch.stack(step_losses), dim=1)
         self._check_finite(losses, first_step)
         return losses
@@ -535,8 +579,11 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"{stage}/mse/{lbl}": v for lbl, v in zip(self.labels, mse)}, **same)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+    def configure_optimizers(self) -> GradientDescent:
+        """Plain gradient descent with ``lr``: ``torch.optim.SGD``'s update without its ~20 us of
+        machinery a call (``zoo.gdln_fast.GradientDescent``: the same bits; it loads the state of a
+        checkpoint written with SGD). A subclass may return any optimizer: the steps use it."""
+        return GradientDescent(self.parameters(), lr=self.lr)
 
 
 def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -547,6 +594,11 @@ def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tenso
     ``(W_L ... W_{l+1})^T dL/dM (W_{l-1} ... W_1)^T`` ([L] Eq. 2's right-hand side). Only the
     products these need are formed (a GD step of a two-layer net is five batched matrix products).
     """
+    if len(Ws) == 2:  # the loop below, unrolled: the same products, less Python a step
+        W1, W2 = Ws
+        D = x @ (W2 @ W1).mT - y
+        G = D.mT @ x / D.shape[-2]
+        return D, [W2.mT @ G, G @ W1.mT]
     below: list[Tensor | None] = [None]  # below[l] = W_{l-1} ... W_1 (None: the identity)
     for W in Ws[:-1]:
         below.append(W if below[-1] is None else W @ below[-1])
@@ -566,6 +618,40 @@ def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tenso
 def half_mean_squared(D: Tensor) -> Tensor:
     """``1/(2N) sum_i |D_i|^2`` of residuals (E, N, n_out): each member's loss, (E,)."""
     return 0.5 * D.pow(2).sum(-1).mean(-1)
+
+
+class TwoLayerGradients:
+    """:func:`closed_form_gradients` and :func:`half_mean_squared` of a two-layer network, the same
+    operations in the same order (so the same bits), written into tensors kept from call to call.
+
+    With many members each intermediate is a megabyte or more; allocated afresh at every step, the
+    allocator hands such blocks back to the system and takes them again, and the pages are mapped
+    anew each time (~400 page faults a step at E = 4096, ~15% of it). The tensors returned are
+    overwritten by the next call: use them before it. New tensors are made when a shape, dtype or
+    device changes (a last, smaller minibatch; ``keep_members``; ``.to``)."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+
+    def __call__(self, Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, list[Tensor]]:
+        W1, W2 = Ws
+        key = (W1.shape, W2.shape, x.shape, W1.dtype, W1.device)
+        if key != self.key:
+            self.key = key
+            self.M, self.G = (W1.new_empty(*W2.shape[:-1], W1.shape[-1]) for _ in range(2))
+            self.D, self.squares = (W1.new_empty(*x.shape[:-1], W2.shape[-2]) for _ in range(2))
+            self.g1, self.g2 = torch.empty_like(W1), torch.empty_like(W2)
+        M, D, G = self.M, self.D, self.G
+        torch.matmul(W2, W1, out=M)
+        torch.matmul(x, M.mT, out=D).sub_(y)
+        torch.matmul(D.mT, x, out=G).div_(D.shape[-2])
+        torch.matmul(W2.mT, G, out=self.g1)
+        torch.matmul(G, W1.mT, out=self.g2)
+        return D, [self.g1, self.g2]
+
+    def loss(self, D: Tensor) -> Tensor:
+        """:func:`half_mean_squared` of the residuals ``D`` of the last call."""
+        return 0.5 * torch.pow(D, 2, out=self.squares).sum(-1).mean(-1)
 
 
 def scheme_member_params(scheme: InitScheme, ensemble: int, seed: int) -> list[dict]:
