@@ -45,16 +45,27 @@ def make(kind: str, dm: Contexts, threads: int) -> ReLUNet | GDLN:
     return GDLN(gating="reln", n_hidden=100, init=init, lr=LR, epochs_per_step=1000, num_threads=threads)
 
 
+class Losses(pl.Callback):
+    """Every epoch's loss from the steps' outputs (once per 1,000 epochs: no cost to speak of)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.chunks += [l[0] for l in outputs["epoch_loss"].values()]
+
+
 def zoo_fit(kind: str, dm: Contexts, threads: int, accelerator: str = "cpu") -> tuple[float, list[torch.Tensor]]:
-    net = make(kind, dm, threads)
+    net, losses = make(kind, dm, threads), Losses()
     trainer = pl.Trainer(max_steps=EPOCHS, max_epochs=-1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator=accelerator, devices=1)
+                         enable_progress_bar=False, enable_model_summary=False, accelerator=accelerator, devices=1,
+                         callbacks=[losses])
     device = GPU if accelerator == ACCELERATOR else None
     t = clock(device)
     trainer.fit(net, datamodule=dm)
     elapsed = clock(device) - t
     assert trainer.global_step == EPOCHS
-    return elapsed, [w.detach().cpu() for w in net.W]
+    return elapsed, [w.detach().cpu() for w in net.W] + [torch.cat(losses.chunks).cpu()]
 
 
 def zoo_run_epochs(kind: str, dm: Contexts, threads: int) -> tuple[float, list[torch.Tensor]]:
@@ -65,48 +76,51 @@ def zoo_run_epochs(kind: str, dm: Contexts, threads: int) -> tuple[float, list[t
         net.attach(dm)
     net.build(dm.X, dm.Y)
     t = time.perf_counter()
-    net.run_epochs(dm.X, dm.Y, EPOCHS)
-    return time.perf_counter() - t, [w.detach() for w in net.W]
+    losses = net.run_epochs(dm.X, dm.Y, EPOCHS)
+    return time.perf_counter() - t, [w.detach() for w in net.W] + [losses[:, 0]]
 
 
 def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
     """8,000 epochs of the same update written out: relu (or the ReLN's fixed gates and input
-    masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors made once."""
+    masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors made once,
+    the losses computed a block of 32 epochs at a time from the kept output errors."""
     net = make(kind, dm, 1)
     if kind == "ReLN":
         net.attach(dm)
     net.build(dm.X, dm.Y)  # the same initial weights as the zoo side
     W0, W1 = (w.detach()[0].clone() for w in net.W)
     X, Y = dm.X, dm.Y
+    XT = X.T.contiguous()
     G = net.unit_gates if kind == "ReLN" else None  # (N, H): pathway p's gate on point i, per unit
     M = net.unit_inputs if kind == "ReLN" else None  # (H, n_in): the features each unit reads
-    N, H = X.shape[0], W0.shape[0]
-    pre, out, sq = torch.empty(N, H), torch.empty(N, Y.shape[1]), torch.empty(N, Y.shape[1])
+    N, H, B = X.shape[0], W0.shape[0], 32
+    pre, errs, sq = torch.empty(N, H), torch.empty(B, N, Y.shape[1]), torch.empty(B, N, Y.shape[1])
     g1, delta, g0T = torch.empty_like(W1), torch.empty(N, H), torch.empty(W0.shape[1], H)
     W0m, g0m = torch.empty_like(W0), torch.empty_like(W0)
-    mm, losses = torch.mm, []
+    mm, views, losses = torch.mm, errs.unbind(0), torch.empty(EPOCHS)
     t = time.perf_counter()
     with torch.no_grad():
-        for _ in range(EPOCHS):
-            if G is None:
-                mm(X, W0.T, out=pre).relu_()
-            else:
-                mm(X, torch.mul(W0, M, out=W0m).T, out=pre).mul_(G)
-            err = mm(pre, W1.T, out=out).sub_(Y)
-            losses.append(torch.pow(err, 2, out=sq).sum((-1, -2)).mul_(0.5))
-            mm(err.T, pre, out=g1)
-            mm(err, W1, out=delta)
-            if G is None:
-                torch.ops.aten.threshold_backward.grad_input(delta, pre, 0.0, grad_input=delta)
-            else:
-                delta.mul_(G)
-            g0 = mm(X.T, delta, out=g0T).T  # the (700 x 11) gradient as the transpose of (11 x 700)
-            if M is not None:
-                g0 = torch.mul(g0, M, out=g0m)
-            W1.sub_(g1, alpha=LR)
-            W0.sub_(g0, alpha=LR)
+        for start in range(0, EPOCHS, B):
+            for err in views:
+                if G is None:
+                    mm(X, W0.T, out=pre).relu_()
+                else:
+                    mm(X, torch.mul(W0, M, out=W0m).T, out=pre).mul_(G)
+                mm(pre, W1.T, out=err).sub_(Y)
+                mm(err.T, pre, out=g1)
+                mm(err, W1, out=delta)
+                if G is None:
+                    torch.ops.aten.threshold_backward.grad_input(delta, pre, 0.0, grad_input=delta)
+                else:
+                    delta.mul_(G)
+                g0 = mm(XT, delta, out=g0T).T  # the (700 x 11) gradient as the transpose of (11 x 700)
+                if M is not None:
+                    g0 = torch.mul(g0, M, out=g0m)
+                W1.sub_(g1, alpha=LR)
+                W0.sub_(g0, alpha=LR)
+            torch.sum(torch.pow(errs, 2, out=sq), (-1, -2), out=losses[start:start + B]).mul_(0.5)
     elapsed = time.perf_counter() - t
-    return elapsed, [W0[None], W1[None]]
+    return elapsed, [W0[None], W1[None], losses]
 
 
 def main() -> None:
@@ -132,9 +146,9 @@ def main() -> None:
         zoo, bare, loop = (harness.median(times[side]) for side in sides)
         gpu = on_gpu(lambda: zoo_fit(kind, dm, args.threads, ACCELERATOR)[0])
         print(f"{kind}: Trainer.fit {zoo:.3f} s, run_epochs {bare:.3f} s, plain loop {loop:.3f} s (medians); final "
-              f"weights bit-identical on all three: {same}; {HEADING} Trainer.fit:{cell(gpu, 8)} s")
+              f"weights and every epoch's loss bit-identical on all three: {same}; {HEADING} Trainer.fit:{cell(gpu, 8)} s")
         if not same:
-            raise SystemExit(f"{kind}: the zoo and the plain loop ended on different weights")
+            raise SystemExit(f"{kind}: the zoo and the plain loop ended on different weights or losses")
         label = "ReLUNet 700" if kind == "ReLUNet" else "ReLN 4 x 100"
         rows += [harness.Row(f"{label}, 8,000 epochs, Trainer.fit vs plain loop", zoo, loop, "s", 0.9, lower_is_better=True),
                  harness.Row(f"{label}, 8,000 epochs, run_epochs (no Trainer) vs plain loop", bare, loop, "s", 0.9,
