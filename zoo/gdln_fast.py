@@ -3,9 +3,9 @@
 An epoch of the three-context ReLU net (24 points, 700 hidden units) is ~10 tensor operations of
 10-40 microseconds; what surrounds them decides the speed. Two pieces remove most of it:
 
-``GradientDescent``: plain gradient descent ``W <- W - lr W.grad`` as a minimal optimizer. Lightning
-counts ``global_step`` in calls of the optimizer's ``step``, and the networks take one per epoch, so
-the step's own cost is paid 8,000 times in an 8,000-epoch run. ``torch.optim.SGD`` adds ~25 us per
+``GradientDescent``: plain gradient descent ``W <- W - lr W.grad`` as a minimal optimizer. The
+networks take one optimizer step per epoch (applied directly and counted in ``global_step`` by
+``zoo.steps.Updates``), so the step's own cost is paid 8,000 times in an 8,000-epoch run. ``torch.optim.SGD`` adds ~25 us per
 call of machinery (profiler hooks, foreach dispatch, momentum bookkeeping) to an update of ~5 us;
 this class does the same update (``W.sub_(W.grad, alpha=lr)``: SGD without momentum, weight decay
 or dampening, to the bit) and nothing else. It satisfies Lightning's ``Optimizable`` protocol and
@@ -15,6 +15,16 @@ reads the state dict of a plain SGD (a checkpoint written before it existed).
 1-2) by the hand-written gradients, the same operations in the same order as
 ``FullBatchNet._grads``, written into tensors allocated at the first epoch and reused (``out=`` and
 in-place variants of the same kernels: the same bits, tested in tests/test_gdln_fast_path.py).
+``TwoLayerEpoch.run`` takes a chunk of epochs in one loop and computes their losses 32 epochs at a
+time from the kept output errors.
+
+Where the time goes (the [H] App. H ReLU net, 24 points x 700 units x 60 outputs, one thread, AMD
+EPYC with MKL, 2026-11-26): three ~1M multiply-add products an epoch (output, its weight gradient,
+backpropagation to the hidden layer) take ~25-34 us each, 60-80 GFLOP/s against ~95 GFLOP/s of a
+large square sgemm; they are ~85 us of an epoch of ~130 us. The other orientations of each product
+(transposed operands or results, contiguous copies of transposed weights) and oneDNN's matmul are
+slower; an update fused into its product (``addmm`` into W) saves ~5% but rounds differently, and
+a ReLU net's training amplifies that (bench/bench_gdln.py's notes).
 """
 from __future__ import annotations
 
