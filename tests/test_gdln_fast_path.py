@@ -190,3 +190,21 @@ def test_direct_updates_are_lightnings_steps_to_the_bit(comparison):
     for a, b in zip(W_direct(), W_via()):
         assert torch.equal(a, b)
     assert not torch.equal(W_direct()[0], _net("reln")[0].W[0])  # it did train
+
+
+def test_comparison_in_lockstep_is_each_network_alone():
+    """A Comparison's epochs (every network's gradients, then one step; losses a block at a time)
+    are each network's own run_epochs, bit for bit; a network without the fast epoch (two hidden
+    layers) sends the Comparison down the generic path, to the same bits."""
+    n = TwoLayerEpoch.BLOCK + 9
+    for deep in (False, True):
+        reln, dm = _net("reln")
+        relu = ReLUNet(hidden=[6, 5] if deep else [9], init=Gaussian(sigma=0.4), lr=0.01, seed=1)
+        relu.build(dm.X, dm.Y)
+        alone = [_net("reln")[0], ReLUNet(hidden=[6, 5] if deep else [9], init=Gaussian(sigma=0.4), lr=0.01, seed=1)]
+        alone[1].build(dm.X, dm.Y)
+        seen = Record()
+        _fit(Comparison([reln, relu], epochs_per_step=n), dm, n, [seen])
+        for net, ref, L in zip((reln, relu), alone, seen.losses):
+            assert torch.equal(L, ref.run_epochs(dm.X, dm.Y, n).T)
+            assert all(torch.equal(a, b) for a, b in zip(net.W, ref.W))

@@ -46,7 +46,7 @@ from torchmetrics import MeanSquaredError
 
 from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
-from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
+from zoo.gdln_fast import GradientDescent, TwoLayerEpoch, run_together
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
@@ -394,7 +394,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         epoch = self._prepared_fast_epoch(*self._cast(x, y))
         if epoch is not None:  # the epochs in one loop, their losses a block at a time (zoo.gdln_fast)
             with torch.no_grad(), scoped_threads(self.threads(x)):
-                return epoch.run(n, step, list(self.W)).view(n, -1)
+                return run_together([epoch], [list(self.W)], n, step)[0].view(n, -1)
         return descend([self.gradient_fn(x, y)], n, step, self.threads(x))[0]
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
@@ -898,7 +898,12 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
         # in lockstep: one optimizer step updates every model (each in its own parameter group),
         # counted in global_step (zoo.steps)
         updates = Updates(self)
-        all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, updates, self.models[0].threads(x))
+        epochs = [m._prepared_fast_epoch(*m._cast(x, y)) for m in self.models]
+        if all(e is not None for e in epochs):  # one loop, the losses a block of epochs at a time (zoo.gdln_fast)
+            with torch.no_grad(), scoped_threads(self.models[0].threads(x)):
+                all_losses = [L.view(n, -1) for L in run_together(epochs, [list(m.W) for m in self.models], n, updates)]
+        else:
+            all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, updates, self.models[0].threads(x))
         updates.finish()
         if self.member_range is not None:  # every model's members, gathered in one collective
             all_losses = list(self.all_member_values(torch.stack(all_losses), dim=2))

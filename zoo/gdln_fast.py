@@ -15,8 +15,8 @@ reads the state dict of a plain SGD (a checkpoint written before it existed).
 1-2) by the hand-written gradients, the same operations in the same order as
 ``FullBatchNet._grads``, written into tensors allocated at the first epoch and reused (``out=`` and
 in-place variants of the same kernels: the same bits, tested in tests/test_gdln_fast_path.py).
-``TwoLayerEpoch.run`` takes a chunk of epochs in one loop and computes their losses 32 epochs at a
-time from the kept output errors.
+``run_together`` takes a chunk of epochs (of one network, or of several in lockstep) in one loop and
+computes their losses 32 epochs at a time from the kept output errors.
 
 Where the time goes (the [H] App. H ReLU net, 24 points x 700 units x 60 outputs, one thread, AMD
 EPYC with MKL, 2026-11-26): three ~1M multiply-add products an epoch (output, its weight gradient,
@@ -107,11 +107,11 @@ class TwoLayerEpoch:
     1 (summed loss) or 1/N (mean). ``Ws`` are the weights' data (read every call: they change in
     place). Calling it returns the loss (E,) or () before the update and the two gradients,
     the same operations in the same order as ``FullBatchNet._grads`` (so the same bits).
-    ``run`` takes many epochs in one loop and computes their losses a block of epochs at a time."""
+    ``run_together`` takes many epochs in one loop and computes their losses a block at a time."""
 
-    #: epochs whose output errors are kept until their losses are computed together (one
-    #: pow-sum-scale over the block instead of three small operations an epoch, ~5% of an epoch of
-    #: the [H] App. H ReLU net; the block stays in the L2 cache)
+    #: epochs whose output errors ``run_together`` keeps until their losses are computed together
+    #: (one pow-sum-scale over the block instead of three small operations an epoch, ~5% of an epoch
+    #: of the [H] App. H ReLU net; the block stays in the L2 cache)
     BLOCK = 32
 
     def __init__(self, x: Tensor, y: Tensor, Ws: list[Tensor], gates: Tensor | None, mask: Tensor | None,
@@ -165,25 +165,31 @@ class TwoLayerEpoch:
             g0 = torch.mul(g0, mask, out=self.g0m)
         return err, [g0, g1]
 
-    def run(self, n: int, step: Callable[[], object], params: list[Tensor]) -> Tensor:
-        """``n`` epochs: each puts the gradients in ``params``' ``grad`` (the same reused tensors
-        every epoch, as views in the parameters' shapes) and calls ``step()``, which applies them.
-        Returns the loss before each epoch's update, (n, *batch), bits as ``__call__``'s."""
-        losses = self.x.new_empty((n, *self.batch))
-        # the output errors of a block of epochs, one view per epoch made once
-        errs = self.x.new_empty((min(n, self.BLOCK), *self.batch, self.x.shape[-2], self.y.shape[-1]))
-        errs_sq, views = torch.empty_like(errs), errs.unbind(0)
-        gradients, unset = self.gradients, True
-        for start in range(0, n, self.BLOCK):
-            m = min(self.BLOCK, n - start)
-            for out in views[:m]:
-                _, grads = gradients(out)
-                if unset:  # the gradient tensors are the same every epoch
-                    for W, g in zip(params, grads):
+
+def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int, step: Callable[[], object]) -> list[Tensor]:
+    """``n`` epochs of several networks in lockstep (``zoo.gdln.Comparison``): every network's
+    gradients into its ``params``' ``grad``, then one ``step()`` for all. Each network's losses,
+    (n, *batch), computed a block of epochs at a time from the kept output errors."""
+    block = min(n, TwoLayerEpoch.BLOCK)
+    # the output errors of a block of epochs, one view per epoch made once
+    errs = [e.x.new_empty((block, *e.batch, e.x.shape[-2], e.y.shape[-1])) for e in epochs]
+    work = [(e.gradients, err_block.unbind(0)) for e, err_block in zip(epochs, errs)]
+    losses = [e.x.new_empty((n, *e.batch)) for e in epochs]
+    unset = True
+    for start in range(0, n, block):
+        m = min(block, n - start)
+        for i in range(m):
+            if unset:  # the gradient tensors are the same every epoch
+                for (gradients, views), ps in zip(work, params):
+                    for W, g in zip(ps, gradients(views[i])[1]):
                         W.grad = g.view(W.shape)
-                    unset = False
-                step()
-            # the block's losses: the same pow, sum and scale per epoch as __call__'s
-            torch.sum(torch.pow(errs[:m], 2, out=errs_sq[:m]), (-1, -2), out=losses[start:start + m])
-            losses[start:start + m].mul_(self.half_scale)
-        return losses
+                unset = False
+            else:
+                for gradients, views in work:
+                    gradients(views[i])
+            step()
+        # the block's losses: the same pow, sum and scale per epoch as TwoLayerEpoch.__call__'s
+        for e, err_block, L in zip(epochs, errs, losses):
+            torch.sum(err_block[:m].pow_(2), (-1, -2), out=L[start:start + m])
+            L[start:start + m].mul_(e.half_scale)
+    return losses
