@@ -8,9 +8,10 @@ import lightning.pytorch as pl
 
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
-from zoo.gdln import GDLN, ReLUNet
+from zoo.gdln import GDLN, Comparison, ReLUNet
 from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
 from zoo.init import Gaussian
+from zoo.steps import direct_updates_allowed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,15 +50,18 @@ def _generic(m):
 KINDS = ["relu", "relu_mean", "relu_E3", "reln", "reln_mean_E2", "xor"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fast_epochs_are_the_generic_bits(kind):
+@pytest.mark.parametrize("kind, n", [(k, 25) for k in KINDS] + [("relu_E3", 2 * TwoLayerEpoch.BLOCK + 7),
+                                                                  ("reln", 2 * TwoLayerEpoch.BLOCK + 7)])
+def test_fast_epochs_are_the_generic_bits(kind, n):
+    """``run``'s losses, computed a block of epochs at a time (n crosses two block ends), and its
+    weights are those of the generic path epoch by epoch."""
     fast, dm = _net(kind)
     slow, _ = _net(kind)
     _generic(slow)
     assert isinstance(fast._fast_epoch(dm.X, dm.Y, [w.data for w in fast.W]), TwoLayerEpoch)
     assert slow._fast_epoch(dm.X, dm.Y, list(slow.W)) is None
-    L_fast, L_slow = fast.run_epochs(dm.X, dm.Y, 25), slow.run_epochs(dm.X, dm.Y, 25)
-    assert L_fast.shape == L_slow.shape == (25, fast.ensemble)
+    L_fast, L_slow = fast.run_epochs(dm.X, dm.Y, n), slow.run_epochs(dm.X, dm.Y, n)
+    assert L_fast.shape == L_slow.shape == (n, fast.ensemble)
     assert torch.equal(L_fast, L_slow)
     for a, b in zip(fast.W, slow.W):
         assert torch.equal(a, b)
@@ -127,3 +131,80 @@ def test_trainer_path_is_run_epochs_bits(tmp_path):
     assert torch.equal(torch.cat(seen, dim=1), L.T)
     for a, b in zip(net.W, ref.W):
         assert torch.equal(a, b)
+
+
+class EveryUpdate(pl.Callback):
+    """A hook Lightning calls at every optimizer step: its presence sends each epoch's update
+    through ``LightningOptimizer.step`` (zoo.steps)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.calls += 1
+
+
+class Record(pl.Callback):
+    """Every network's epoch losses from each step's outputs."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses += list(outputs["epoch_loss"].values())
+
+
+def _fit(module, dm, max_steps: int, callbacks=()):
+    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         callbacks=list(callbacks))
+    trainer.fit(module, datamodule=dm)
+    return trainer
+
+
+@pytest.mark.parametrize("comparison", [False, True])
+def test_direct_updates_are_lightnings_steps_to_the_bit(comparison):
+    """Epochs applied by the optimizer itself (zoo.steps.Updates) and epochs through Lightning's
+    optimizer step (forced by a per-step hook) give the same weights, losses, global_step and loop
+    state; the hook sees every epoch. Also for a Comparison (models in lockstep)."""
+    def make():
+        net, dm = _net("reln")
+        net.epochs_per_step = 6
+        if not comparison:
+            return net, dm, lambda: list(net.W)
+        relu, _ = _net("relu")
+        both = Comparison([net, relu], epochs_per_step=6)
+        return both, dm, lambda: list(net.W) + list(relu.W)
+
+    direct, dm, W_direct = make()
+    seen_direct, seen_via = Record(), Record()
+    t_direct = _fit(direct, dm, 15, [seen_direct])
+    via, dm, W_via = make()
+    hook = EveryUpdate()
+    t_via = _fit(via, dm, 15, [hook, seen_via])
+    assert direct_updates_allowed(direct) and not direct_updates_allowed(via)
+    assert hook.calls == t_via.global_step == t_direct.global_step == 15
+    assert len(seen_direct.losses) == 3 * len(direct.networks())  # chunks of 6, 6, 3 epochs
+    assert all(torch.equal(a, b) for a, b in zip(seen_direct.losses, seen_via.losses))
+    assert t_direct.fit_loop.epoch_loop.state_dict() == t_via.fit_loop.epoch_loop.state_dict()
+    for a, b in zip(W_direct(), W_via()):
+        assert torch.equal(a, b)
+    assert not torch.equal(W_direct()[0], _net("reln")[0].W[0])  # it did train
+
+
+def test_comparison_in_lockstep_is_each_network_alone():
+    """A Comparison's epochs (every network's gradients, then one step; losses a block at a time)
+    are each network's own run_epochs, bit for bit; a network without the fast epoch (two hidden
+    layers) sends the Comparison down the generic path, to the same bits."""
+    n = TwoLayerEpoch.BLOCK + 9
+    for deep in (False, True):
+        reln, dm = _net("reln")
+        relu = ReLUNet(hidden=[6, 5] if deep else [9], init=Gaussian(sigma=0.4), lr=0.01, seed=1)
+        relu.build(dm.X, dm.Y)
+        alone = [_net("reln")[0], ReLUNet(hidden=[6, 5] if deep else [9], init=Gaussian(sigma=0.4), lr=0.01, seed=1)]
+        alone[1].build(dm.X, dm.Y)
+        seen = Record()
+        _fit(Comparison([reln, relu], epochs_per_step=n), dm, n, [seen])
+        for net, ref, L in zip((reln, relu), alone, seen.losses):
+            assert torch.equal(L, ref.run_epochs(dm.X, dm.Y, n).T)
+            assert all(torch.equal(a, b) for a, b in zip(net.W, ref.W))

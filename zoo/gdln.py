@@ -15,8 +15,10 @@ gradient descent. E members (their own draws of the init) train as batched tenso
 Each ``training_step`` takes ``epochs_per_step`` full-batch gradient-descent updates (an epoch of
 these small networks costs less than Lightning's per-step overhead). Every update is one step of
 the module's optimizer (``configure_optimizers``: plain gradient descent at ``lr``,
-``zoo.gdln_fast.GradientDescent``, SGD's update without its per-call machinery), so ``global_step``
-counts GD updates = epochs, and ``max_steps`` is the number of epochs. The gradients are written by
+``zoo.gdln_fast.GradientDescent``, SGD's update without its per-call machinery), applied by the
+optimizer itself and counted by Lightning (``zoo.steps.Updates``; through ``LightningOptimizer.step``
+where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
+the number of epochs. The gradients are written by
 hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
 reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
 overrides ``member_loss`` (or, for a ``ReLUNet``, ``gates``), which then trains by autograd on its
@@ -44,11 +46,12 @@ from torchmetrics import MeanSquaredError
 
 from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
-from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
+from zoo.gdln_fast import GradientDescent, TwoLayerEpoch, run_together
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.progress import Progress
+from zoo.steps import Updates
 from zoo.theory import gdln as theory
 from zoo.theory.gdln import Gating, common_limit
 from zoo.threads import num_threads as scoped_threads  # the constructors take an argument named num_threads
@@ -316,11 +319,15 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         """Full-batch GD updates so far: one per epoch, = ``global_step``."""
         return self.global_step
 
+    def _cast(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The full batch as this rank trains it: its members' slice, the weights' dtype."""
+        dtype = self.W[0].dtype
+        return members_of(self, x).to(dtype), y.to(dtype)
+
     def gradient_fn(self, x: Tensor, y: Tensor) -> Callable[[], Tensor]:
         """A function that puts the loss gradient of every weight in ``W.grad`` and returns the
         loss (E,) at the current weights, on the full batch (x, y). Call it under ``no_grad``."""
-        dtype = self.W[0].dtype
-        x, y = members_of(self, x).to(dtype), y.to(dtype)
+        x, y = self._cast(x, y)
         params = list(self.W)
         if not self.hand_written():
             def autograd() -> Tensor:
@@ -331,11 +338,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
                     W.grad = g
                 return loss.detach()
             return autograd
-        Ws = [w.data for w in params]
-        if self.ensemble == 1 and x.dim() == 2:
-            Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
-        # (targets with more axes than the inputs would outgrow the reused output tensor)
-        epoch = self._fast_epoch(x, y, Ws) if y.dim() <= x.dim() else None
+        epoch = self._prepared_fast_epoch(x, y)
         if epoch is not None:
             def fast() -> Tensor:
                 loss, grads = epoch()
@@ -345,12 +348,27 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
                 return loss.view(-1)
             return fast
 
+        Ws = self._weights_data(x)
+
         def hand_written() -> Tensor:
             grads, loss = self._grads(x, y, Ws)
             for W, g in zip(params, grads):
                 W.grad = g.reshape(W.shape)
             return loss.reshape(-1)  # (E,), this rank's members
         return hand_written
+
+    def _weights_data(self, x: Tensor) -> list[Tensor]:
+        Ws = [w.data for w in self.W]
+        if self.ensemble == 1 and x.dim() == 2:
+            Ws = [w[0] for w in Ws]  # views: plain matrix products are ~10% faster than batched ones of size 1
+        return Ws
+
+    def _prepared_fast_epoch(self, x: Tensor, y: Tensor) -> TwoLayerEpoch | None:
+        """``_fast_epoch`` on (x, y) already cut to this rank's members and cast, where the
+        hand-written gradients are trained; else None."""
+        if not self.hand_written() or y.dim() > x.dim():  # (targets with more axes would outgrow the reused output)
+            return None
+        return self._fast_epoch(x, y, self._weights_data(x))
 
     def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
         """``_grads`` of a one-hidden-layer net in reused tensors (``zoo.gdln_fast``), where the
@@ -372,12 +390,21 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     def run_epochs(self, x: Tensor, y: Tensor, n: int, step: Callable[[], object] | None = None) -> Tensor:
         """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``);
         returns the loss before each step, (n, E)."""
-        return descend([self.gradient_fn(x, y)], n, step or self.sgd_step(), self.threads(x))[0]
+        step = step or self.sgd_step()
+        epoch = self._prepared_fast_epoch(*self._cast(x, y))
+        if epoch is not None:  # the epochs in one loop, their losses a block at a time (zoo.gdln_fast)
+            with torch.no_grad(), scoped_threads(self.threads(x)):
+                return run_together([epoch], [list(self.W)], n, step)[0].view(n, -1)
+        return descend([self.gradient_fn(x, y)], n, step, self.threads(x))[0]
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
         first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
-        losses = self.all_member_values(self.run_epochs(x, y, n, step=self.optimizers().step), dim=1)  # (n, E)
+        # each epoch's update by the optimizer itself, counted in global_step (zoo.steps)
+        updates = Updates(self)
+        losses = self.run_epochs(x, y, n, step=updates)
+        updates.finish()
+        losses = self.all_member_values(losses, dim=1)  # (n, E)
         self.count_samples(n * y.shape[-2])
         # every rank holds every member's losses: one decision, the same on all of them
         check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
@@ -868,9 +895,16 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict:
         x, y = batch
         first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
-        # in lockstep: one optimizer step updates every model (each in its own parameter group)
-        all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, self.optimizers().step,
-                             self.models[0].threads(x))
+        # in lockstep: one optimizer step updates every model (each in its own parameter group),
+        # counted in global_step (zoo.steps)
+        updates = Updates(self)
+        epochs = [m._prepared_fast_epoch(*m._cast(x, y)) for m in self.models]
+        if all(e is not None for e in epochs):  # one loop, the losses a block of epochs at a time (zoo.gdln_fast)
+            with torch.no_grad(), scoped_threads(self.models[0].threads(x)):
+                all_losses = [L.view(n, -1) for L in run_together(epochs, [list(m.W) for m in self.models], n, updates)]
+        else:
+            all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, updates, self.models[0].threads(x))
+        updates.finish()
         if self.member_range is not None:  # every model's members, gathered in one collective
             all_losses = list(self.all_member_values(torch.stack(all_losses), dim=2))
         self.count_samples(n * y.shape[-2])

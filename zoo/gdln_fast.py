@@ -3,9 +3,9 @@
 An epoch of the three-context ReLU net (24 points, 700 hidden units) is ~10 tensor operations of
 10-40 microseconds; what surrounds them decides the speed. Two pieces remove most of it:
 
-``GradientDescent``: plain gradient descent ``W <- W - lr W.grad`` as a minimal optimizer. Lightning
-counts ``global_step`` in calls of the optimizer's ``step``, and the networks take one per epoch, so
-the step's own cost is paid 8,000 times in an 8,000-epoch run. ``torch.optim.SGD`` adds ~25 us per
+``GradientDescent``: plain gradient descent ``W <- W - lr W.grad`` as a minimal optimizer. The
+networks take one optimizer step per epoch (applied directly and counted in ``global_step`` by
+``zoo.steps.Updates``), so the step's own cost is paid 8,000 times in an 8,000-epoch run. ``torch.optim.SGD`` adds ~25 us per
 call of machinery (profiler hooks, foreach dispatch, momentum bookkeeping) to an update of ~5 us;
 this class does the same update (``W.sub_(W.grad, alpha=lr)``: SGD without momentum, weight decay
 or dampening, to the bit) and nothing else. It satisfies Lightning's ``Optimizable`` protocol and
@@ -15,10 +15,20 @@ reads the state dict of a plain SGD (a checkpoint written before it existed).
 1-2) by the hand-written gradients, the same operations in the same order as
 ``FullBatchNet._grads``, written into tensors allocated at the first epoch and reused (``out=`` and
 in-place variants of the same kernels: the same bits, tested in tests/test_gdln_fast_path.py).
+``run_together`` takes a chunk of epochs (of one network, or of several in lockstep) in one loop and
+computes their losses 32 epochs at a time from the kept output errors.
+
+Where the time goes (the [H] App. H ReLU net, 24 points x 700 units x 60 outputs, one thread, AMD
+EPYC with MKL, 2026-11-26): three ~1M multiply-add products an epoch (output, its weight gradient,
+backpropagation to the hidden layer) take ~25-34 us each, 60-80 GFLOP/s against ~95 GFLOP/s of a
+large square sgemm; they are ~85 us of an epoch of ~130 us. The other orientations of each product
+(transposed operands or results, contiguous copies of transposed weights) and oneDNN's matmul are
+slower; an update fused into its product (``addmm`` into W) saves ~5% but rounds differently, and
+a ReLU net's training amplifies that (bench/bench_gdln.py's notes).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -96,14 +106,21 @@ class TwoLayerEpoch:
     (E, N, H) of a GDLN. ``mask``: the GDLN's input mask per unit (H, n_in) or None. ``scale``:
     1 (summed loss) or 1/N (mean). ``Ws`` are the weights' data (read every call: they change in
     place). Calling it returns the loss (E,) or () before the update and the two gradients,
-    the same operations in the same order as ``FullBatchNet._grads`` (so the same bits)."""
+    the same operations in the same order as ``FullBatchNet._grads`` (so the same bits).
+    ``run_together`` takes many epochs in one loop and computes their losses a block at a time."""
+
+    #: epochs whose output errors ``run_together`` keeps until their losses are computed together
+    #: (one pow-sum-scale over the block instead of three small operations an epoch, ~5% of an epoch
+    #: of the [H] App. H ReLU net; the block stays in the L2 cache)
+    BLOCK = 32
 
     def __init__(self, x: Tensor, y: Tensor, Ws: list[Tensor], gates: Tensor | None, mask: Tensor | None,
                  scale: float) -> None:
         self.x, self.y, self.Ws, self.gates, self.mask, self.scale = x, y, Ws, gates, mask, scale
         self.half_scale = 0.5 * scale
-        # transposed views made once (the weights change in place); mm where nothing is batched
-        self.xT = x.transpose(-1, -2)
+        # transposed views made once (the weights change in place); mm where nothing is batched.
+        # x^T is copied contiguous: BLAS reads it ~10% faster, to the same bits
+        self.xT = x.transpose(-1, -2).contiguous()
         self.WT = [W.transpose(-1, -2) for W in Ws]
         self.matmul = torch.mm if x.dim() == 2 and all(W.dim() == 2 for W in Ws) else torch.matmul
         # zoo.gdln._outer's orientation, (act^T delta)^T where delta is the wider: for both gradients
@@ -111,8 +128,17 @@ class TwoLayerEpoch:
         self.flip1, self.flip0 = y.shape[-1] > H, H > x.shape[-1]
         # every intermediate: empty until the first epoch sizes it (out= resizes an empty tensor)
         self.W0m, self.pre, self.out, self.sq, self.g1, self.delta, self.g0, self.g0m = (x.new_empty(0) for _ in range(8))
+        # the members' axes of the loss (the output errors are (*batch, N, n_out))
+        self.batch = torch.broadcast_shapes(x.shape[:-2], Ws[0].shape[:-2], Ws[1].shape[:-2], y.shape[:-2],
+                                            gates.shape[:-2] if gates is not None else ())
 
     def __call__(self) -> tuple[Tensor, list[Tensor]]:
+        err, grads = self.gradients(self.out)
+        loss = torch.pow(err, 2, out=self.sq).sum((-1, -2)).mul_(self.half_scale)
+        return loss, grads
+
+    def gradients(self, out: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """One epoch's output errors (written into ``out``) and the two weight gradients."""
         matmul, gates, mask, scale = self.matmul, self.gates, self.mask, self.scale
         W1 = self.Ws[1]
         W0T, W1T = self.WT
@@ -120,8 +146,7 @@ class TwoLayerEpoch:
             W0T = torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
         h = matmul(self.x, W0T, out=self.pre)
         h = h.relu_() if gates is None else h.mul_(gates)
-        err = matmul(h, W1T, out=self.out).sub_(self.y)
-        loss = torch.pow(err, 2, out=self.sq).sum((-1, -2)).mul_(self.half_scale)
+        err = matmul(h, W1T, out=out).sub_(self.y)
         if self.flip1:
             g1 = matmul(h.transpose(-1, -2), err, out=self.g1).transpose(-1, -2)
         else:
@@ -138,4 +163,33 @@ class TwoLayerEpoch:
             g0.mul_(scale)
         if mask is not None:
             g0 = torch.mul(g0, mask, out=self.g0m)
-        return loss, [g0, g1]
+        return err, [g0, g1]
+
+
+def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int, step: Callable[[], object]) -> list[Tensor]:
+    """``n`` epochs of several networks in lockstep (``zoo.gdln.Comparison``): every network's
+    gradients into its ``params``' ``grad``, then one ``step()`` for all. Each network's losses,
+    (n, *batch), computed a block of epochs at a time from the kept output errors."""
+    block = min(n, TwoLayerEpoch.BLOCK)
+    # the output errors of a block of epochs, one view per epoch made once
+    errs = [e.x.new_empty((block, *e.batch, e.x.shape[-2], e.y.shape[-1])) for e in epochs]
+    work = [(e.gradients, err_block.unbind(0)) for e, err_block in zip(epochs, errs)]
+    losses = [e.x.new_empty((n, *e.batch)) for e in epochs]
+    unset = True
+    for start in range(0, n, block):
+        m = min(block, n - start)
+        for i in range(m):
+            if unset:  # the gradient tensors are the same every epoch
+                for (gradients, views), ps in zip(work, params):
+                    for W, g in zip(ps, gradients(views[i])[1]):
+                        W.grad = g.view(W.shape)
+                unset = False
+            else:
+                for gradients, views in work:
+                    gradients(views[i])
+            step()
+        # the block's losses: the same pow, sum and scale per epoch as TwoLayerEpoch.__call__'s
+        for e, err_block, L in zip(epochs, errs, losses):
+            torch.sum(err_block[:m].pow_(2), (-1, -2), out=L[start:start + m])
+            L[start:start + m].mul_(e.half_scale)
+    return losses
