@@ -40,15 +40,15 @@ def stream(E: int, d: int, steps: int, seed: int = 1):
 
 @pytest.mark.parametrize("activation", ["erf", "relu", "sigmoid", "tanh", "linear"])
 def test_a_single_student_takes_the_scalar_kernel_and_follows_step_by_step_sgd(activation, monkeypatch):
-    calls, kernel = [], zoo.student_scalar.online_block
-    monkeypatch.setattr(zoo.student, "online_block", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    calls, kernel = [], zoo.student_scalar.online_steps
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
     net = MultiHeadStudent(d=40, p=3, activation=activation, eta=0.7, init_w=Gaussian(sigma=0.5),
                            init_heads=Gaussian(sigma=1.0)).double()
     W0, h0, other = net.W[0].detach().clone(), net.h[0, 0].detach().clone(), net.h[0, 1].detach().clone()
-    x, y = stream(1, 40, 100)  # 100 steps: blocks of 32, 32, 32 and 4 (_scalar_block_size)
+    x, y = stream(1, 40, 100)  # 100 steps: six blocks of 16 and one of 4 (_scalar_block_size)
     delta = net.sgd_steps(x, y, task=0)
     W1, h1, delta1 = online_sgd(W0, h0, x[:, 0], y[:, 0, 0], 0.7, activation)
-    assert len(calls) == 4
+    assert calls == [16]  # one call for the whole chunk, which runs its own blocks
     # the same arithmetic in another order (Python floats): float64 rounding only
     torch.testing.assert_close(net.W[0], W1, rtol=0, atol=1e-12)
     torch.testing.assert_close(net.h[0, 0], h1, rtol=0, atol=1e-12)
@@ -94,14 +94,14 @@ def test_a_member_has_the_same_bits_in_any_slice_at_a_large_d(B, one_thread):
 
 def test_a_small_student_steps_on_one_thread_and_restores_the_callers_count(two_threads, monkeypatch):
     seen = []
-    kernel = zoo.student.online_block
-    monkeypatch.setattr(zoo.student, "online_block", lambda *a, **k: seen.append(torch.get_num_threads()) or kernel(*a, **k))
+    kernel = zoo.student.online_steps
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: seen.append(torch.get_num_threads()) or kernel(*a, **k))
     net = MultiHeadStudent(d=40)
     x, y = stream(1, 40, 40)
     net.sgd_steps(x.float(), y.float(), task=0)
     assert seen and set(seen) == {1} and torch.get_num_threads() == 2
     # also when the step fails
-    monkeypatch.setattr(zoo.student, "online_block", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         net.sgd_steps(x.float(), y.float(), task=0)
     assert torch.get_num_threads() == 2
@@ -122,10 +122,10 @@ def test_a_large_ensemble_keeps_the_callers_thread_count(two_threads, monkeypatc
 def test_the_two_unit_recursion_is_the_general_one_written_out():
     """p = 2 (every [S] student) takes a written-out loop: the same operations, the same bits."""
     g = torch.Generator().manual_seed(5)
-    U0, K = torch.randn(12, 2, generator=g).tolist(), (1e-2 * torch.randn(12, 12, generator=g)).tolist()
+    U0, K = torch.randn(2, 12, generator=g).tolist(), torch.randn(12, 12, generator=g).tolist()
     y, head = torch.randn(12, generator=g).tolist(), [0.8, -0.3]
     for name, act in zoo.student_scalar.ACTIVATIONS.items():
         fast_head, any_head = list(head), list(head)
-        fast = zoo.student_scalar._two_units(act, U0, K, y, fast_head, 0.05)
-        general = zoo.student_scalar._any_units(act, U0, K, y, any_head, 0.05)
+        fast = zoo.student_scalar._two_units(act, K, U0, y, fast_head, 0.7, 1e-2, 0.05)
+        general = zoo.student_scalar._any_units(act, K, U0, y, any_head, 0.7, 1e-2, 0.05)
         assert fast == general and fast_head == any_head, name
