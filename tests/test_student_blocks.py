@@ -56,6 +56,23 @@ def test_a_single_student_takes_the_scalar_kernel_and_follows_step_by_step_sgd(a
     assert torch.equal(net.h[0, 1], other)  # the inactive head never moves
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_scalar_kernel_has_the_same_bits_however_the_chunks_split_at_its_blocks(dtype):
+    """The scalar kernel keeps the head in Python floats within a call and rounds it to h's dtype at
+    every block's end, as if written back to h there: chunks that split the stream at multiples
+    of its block (16) train to the same bits as one chunk (a resumed run splits it at chunks)."""
+    def trained(splits):
+        net = MultiHeadStudent(d=30, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).to(dtype)
+        x, y = stream(1, 30, 100)
+        deltas = [net.sgd_steps(x[a:b].to(dtype), y[a:b].to(dtype), task=0) for a, b in zip(splits, splits[1:])]
+        return net.W.detach(), net.h.detach(), torch.cat(deltas)
+
+    assert MultiHeadStudent(d=30)._scalar_block_size() == 16
+    whole = trained([0, 100])
+    for part, one in zip(trained([0, 48, 64, 100]), whole):
+        assert torch.equal(part, one)
+
+
 def test_blocks_shrink_with_d_and_still_follow_step_by_step_sgd():
     E = 3
     net = MultiHeadStudent(d=LARGE_D, p=2, eta=1.0, init_w=Gaussian(sigma=0.5),
