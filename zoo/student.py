@@ -390,6 +390,9 @@ class MultiHeadStudent(MultiHeadModule):
 
     def _sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         S, B, d = x.shape
+        stepwise = (self.ewc is not None and self.ewc.active) or self.custom_update
+        if B == 1 and self.n_members() == 1 and x.device.type == "cpu" and not stepwise:
+            return self._scalar_steps(x, y, task)
         E, p = self.ensemble, self.p
         # zero members up to a multiple of VECTOR_ROWS units: every elementwise op of a step then runs
         # on whole SIMD vectors, never on a scalar tail that rounds erf/exp differently, so a member
@@ -404,10 +407,8 @@ class MultiHeadStudent(MultiHeadModule):
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
         W = self.W.data.view(E * p, d)
-        if (self.ewc is not None and self.ewc.active) or self.custom_update:
+        if stepwise:
             block, W = self._stepwise_block, _padded(W, E_pad * p)
-        elif B == 1 and self.n_members() == 1 and x.device.type == "cpu":
-            block, nb = self._scalar_steps, S  # one call: the scalar kernel runs its own blocks
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
         if W.data_ptr() != self.W.data.data_ptr():
@@ -453,12 +454,16 @@ class MultiHeadStudent(MultiHeadModule):
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
         _add_rows_times(W, Gb[:, : W.shape[0]].T, Xb, -c_W)
 
-    def _scalar_steps(self, W: Tensor, h: Tensor, X: Tensor, Y: Tensor, D: Tensor, B: int) -> None:
-        """Online SGD of a single student on the whole chunk, its recursion in Python floats
-        (:mod:`zoo.student_scalar`: a step of tiny tensors costs their dispatch, not their numbers)."""
+    def _scalar_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
+        """``sgd_steps`` of a single student, online, on the CPU: the whole chunk in one call of the
+        scalar kernel, in place on ``W`` and the head, no padding (:mod:`zoo.student_scalar`: a step
+        of tiny tensors costs their dispatch, not their numbers). Returns ``Delta`` (S, 1, 1)."""
+        S, d = x.shape[0], self.d
+        Delta = torch.empty(S, 1, 1, dtype=x.dtype)
         kappa, c_u, c_head, c_W = self._constants(1)
-        online_steps(W, h[0], X, Y[:, 0], D[:, 0], self.activation_name, kappa / math.sqrt(self.d), c_u, c_head, c_W,
-                     self._scalar_block_size())
+        online_steps(self.W.data[0], self.h.data[0, task], x.reshape(S, d), y.reshape(S), Delta.view(S),
+                     self.activation_name, kappa / math.sqrt(d), c_u, c_head, c_W, self._scalar_block_size())
+        return Delta
 
     def _scalar_block_size(self) -> int:
         """Samples per block of the scalar kernel: 16, the fastest at d = 300, 1000, 3000 and 10,000

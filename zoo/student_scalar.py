@@ -65,18 +65,19 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
     act, kind = ACTIVATIONS[activation], _TYPECODES[W.dtype]
     head, labels, deltas = h.tolist(), y.tolist(), []
     recursion = _two_units if len(head) == 2 else _any_units
-    for a in range(0, X.shape[0], block):
-        Xb = X[a:a + block]
-        n = Xb.shape[0]
+    for a, Xb in zip(range(0, X.shape[0], block), X.split(block)):
+        n, Xt = Xb.shape[0], Xb.T
         # the scales are applied in the recursion, on Python floats: a tensor op per block less each
-        U0 = (W @ Xb.T).tolist()  # (p, n): W_0 x_j
+        U0 = (W @ Xt).tolist()  # (p, n): W_0 x_j
         # x_m . x_j, read in place: the recursion reads x_m . x_j for m < j only, and a memoryview
         # makes a Python float of an entry when it is read (tolist would make all n^2)
-        K = memoryview((Xb @ Xb.T).numpy().ravel())
+        K = memoryview((Xb @ Xt).numpy().ravel())
         G, block_deltas = recursion(act, [K[j * n:(j + 1) * n] for j in range(n)], U0, labels[a:a + n], head,
                                     scale_u, c_u, c_head)
-        W.addmm_(torch.frombuffer(array(kind, [g for unit in G for g in unit]), dtype=W.dtype).view(len(G), n), Xb,
-                 alpha=-c_W)
+        G_all = array(kind)
+        for g in G:
+            G_all.extend(g)
+        W.addmm_(torch.frombuffer(G_all, dtype=W.dtype).view(len(G), n), Xb, alpha=-c_W)
         head = array(_TYPECODES[h.dtype], head).tolist()
         deltas += block_deltas
     h.copy_(torch.tensor(head, dtype=h.dtype))
