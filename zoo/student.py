@@ -382,7 +382,7 @@ class MultiHeadStudent(MultiHeadModule):
         Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step. With
         the EWC penalty on, or a subclass overriding ``activation``, ``activation_grad`` or
         ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
-        A single student takes the scalar kernel (``_scalar_block``); a small ensemble runs on one
+        A single student takes the scalar kernel (``_scalar_steps``); a small ensemble runs on one
         CPU thread (``_cpu_threads``).
         """
         with num_threads(self._cpu_threads(x.device)):
