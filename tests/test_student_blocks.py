@@ -73,6 +73,23 @@ def test_the_scalar_kernel_has_the_same_bits_however_the_chunks_split_at_its_blo
         assert torch.equal(part, one)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_single_student_in_half_precision_follows_the_float64_one(dtype):
+    """The scalar kernel takes any float dtype (the array module has no 16-bit floats): a student
+    in bfloat16 or float16 ends where the float64 one does, to its dtype's rounding."""
+    def trained(dt):
+        net = MultiHeadStudent(d=30, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).to(dt)
+        x, y = stream(1, 30, 40)
+        delta = net.sgd_steps(x.to(dt), y.to(dt), task=0)
+        return net.W.detach().double(), delta.double()
+
+    W, delta = trained(dtype)
+    W64, delta64 = trained(torch.float64)
+    eps = torch.finfo(dtype).eps
+    assert float((W - W64).abs().max() / W64.abs().max()) < 10 * eps
+    assert float((delta - delta64).abs().max()) < 10 * eps
+
+
 def test_blocks_shrink_with_d_and_still_follow_step_by_step_sgd():
     E = 3
     net = MultiHeadStudent(d=LARGE_D, p=2, eta=1.0, init_w=Gaussian(sigma=0.5),

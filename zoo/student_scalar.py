@@ -69,7 +69,7 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
     step's ``Delta``. The head is rounded to ``h``'s dtype at the end of every block, as if it were
     written back to ``h`` there: the bits do not depend on how the samples are split into calls.
     """
-    act, kind = ACTIVATIONS[activation], _TYPECODES[W.dtype]
+    act = ACTIVATIONS[activation]
     head, labels, deltas = h.tolist(), y.tolist(), []
     recursion = _two_units if len(head) == 2 else _any_units
     for a, Xb in zip(range(0, X.shape[0], block), X.split(block)):
@@ -78,21 +78,32 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
         U0 = (W @ Xt).tolist()  # (p, n): W_0 x_j
         # x_m . x_j, read in place: the recursion reads x_m . x_j for m < j only, and a memoryview
         # makes a Python float of an entry when it is read (tolist would make all n^2)
-        K = memoryview((Xb @ Xt).numpy().ravel())
+        K = Xb @ Xt
+        K = memoryview((K if K.dtype in _TYPECODES else K.float()).numpy().ravel())  # bfloat16 -> float32: exact
         G, block_deltas = recursion(act, [K[j * n:(j + 1) * n] for j in range(n)], U0, labels[a:a + n], head,
                                     scale_u, c_u, c_head)
-        G_all = array(kind)
-        for g in G:
-            G_all.extend(g)
-        W.addmm_(torch.frombuffer(G_all, dtype=W.dtype).view(len(G), n), Xb, alpha=-c_W)
-        head = array(_TYPECODES[h.dtype], head).tolist()
+        W.addmm_(_tensor([g for unit in G for g in unit] if len(G) != 2 else G[0] + G[1], W.dtype).view(len(G), n),
+                 Xb, alpha=-c_W)
+        head = _rounded(head, h.dtype)
         deltas += block_deltas
     h.copy_(torch.tensor(head, dtype=h.dtype))
     D.copy_(torch.tensor(deltas, dtype=D.dtype))
 
 
-#: array typecodes of the dtypes a student trains in
+#: array typecodes of the dtypes whose values the array module holds exactly
 _TYPECODES = {torch.float32: "f", torch.float64: "d"}
+
+
+def _tensor(values: list[float], dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-d tensor of ``dtype`` (through an array, faster than ``torch.tensor``)."""
+    kind = _TYPECODES.get(dtype)
+    return torch.frombuffer(array(kind, values), dtype=dtype) if kind else torch.tensor(values, dtype=dtype)
+
+
+def _rounded(values: list[float], dtype: torch.dtype) -> list[float]:
+    """``values`` rounded to ``dtype``, as if stored in a tensor of it and read back."""
+    kind = _TYPECODES.get(dtype)
+    return array(kind, values).tolist() if kind else torch.tensor(values, dtype=dtype).tolist()
 
 
 def _any_units(act, K, U0, y, head, scale_u, c_u, c_head):
