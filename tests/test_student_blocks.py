@@ -40,20 +40,54 @@ def stream(E: int, d: int, steps: int, seed: int = 1):
 
 @pytest.mark.parametrize("activation", ["erf", "relu", "sigmoid", "tanh", "linear"])
 def test_a_single_student_takes_the_scalar_kernel_and_follows_step_by_step_sgd(activation, monkeypatch):
-    calls, kernel = [], zoo.student_scalar.online_block
-    monkeypatch.setattr(zoo.student, "online_block", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    calls, kernel = [], zoo.student_scalar.online_steps
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
     net = MultiHeadStudent(d=40, p=3, activation=activation, eta=0.7, init_w=Gaussian(sigma=0.5),
                            init_heads=Gaussian(sigma=1.0)).double()
     W0, h0, other = net.W[0].detach().clone(), net.h[0, 0].detach().clone(), net.h[0, 1].detach().clone()
-    x, y = stream(1, 40, 100)  # 100 steps: blocks of 32, 32, 32 and 4 (_scalar_block_size)
+    x, y = stream(1, 40, 100)  # 100 steps: six blocks of 16 and one of 4 (_scalar_block_size)
     delta = net.sgd_steps(x, y, task=0)
     W1, h1, delta1 = online_sgd(W0, h0, x[:, 0], y[:, 0, 0], 0.7, activation)
-    assert len(calls) == 4
+    assert calls == [16]  # one call for the whole chunk, which runs its own blocks
     # the same arithmetic in another order (Python floats): float64 rounding only
     torch.testing.assert_close(net.W[0], W1, rtol=0, atol=1e-12)
     torch.testing.assert_close(net.h[0, 0], h1, rtol=0, atol=1e-12)
     torch.testing.assert_close(delta[:, 0, 0], delta1, rtol=0, atol=1e-12)
     assert torch.equal(net.h[0, 1], other)  # the inactive head never moves
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_scalar_kernel_has_the_same_bits_however_the_chunks_split_at_its_blocks(dtype):
+    """The scalar kernel keeps the head in Python floats within a call and rounds it to h's dtype at
+    every block's end, as if written back to h there: chunks that split the stream at multiples
+    of its block (16) train to the same bits as one chunk (a resumed run splits it at chunks)."""
+    def trained(splits):
+        net = MultiHeadStudent(d=30, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).to(dtype)
+        x, y = stream(1, 30, 100)
+        deltas = [net.sgd_steps(x[a:b].to(dtype), y[a:b].to(dtype), task=0) for a, b in zip(splits, splits[1:])]
+        return net.W.detach(), net.h.detach(), torch.cat(deltas)
+
+    assert MultiHeadStudent(d=30)._scalar_block_size() == 16
+    whole = trained([0, 100])
+    for part, one in zip(trained([0, 48, 64, 100]), whole):
+        assert torch.equal(part, one)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_single_student_in_half_precision_follows_the_float64_one(dtype):
+    """The scalar kernel takes any float dtype (the array module has no 16-bit floats): a student
+    in bfloat16 or float16 ends where the float64 one does, to its dtype's rounding."""
+    def trained(dt):
+        net = MultiHeadStudent(d=30, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).to(dt)
+        x, y = stream(1, 30, 40)
+        delta = net.sgd_steps(x.to(dt), y.to(dt), task=0)
+        return net.W.detach().double(), delta.double()
+
+    W, delta = trained(dtype)
+    W64, delta64 = trained(torch.float64)
+    eps = torch.finfo(dtype).eps
+    assert float((W - W64).abs().max() / W64.abs().max()) < 10 * eps
+    assert float((delta - delta64).abs().max()) < 10 * eps
 
 
 def test_blocks_shrink_with_d_and_still_follow_step_by_step_sgd():
@@ -94,14 +128,14 @@ def test_a_member_has_the_same_bits_in_any_slice_at_a_large_d(B, one_thread):
 
 def test_a_small_student_steps_on_one_thread_and_restores_the_callers_count(two_threads, monkeypatch):
     seen = []
-    kernel = zoo.student.online_block
-    monkeypatch.setattr(zoo.student, "online_block", lambda *a, **k: seen.append(torch.get_num_threads()) or kernel(*a, **k))
+    kernel = zoo.student.online_steps
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: seen.append(torch.get_num_threads()) or kernel(*a, **k))
     net = MultiHeadStudent(d=40)
     x, y = stream(1, 40, 40)
     net.sgd_steps(x.float(), y.float(), task=0)
     assert seen and set(seen) == {1} and torch.get_num_threads() == 2
     # also when the step fails
-    monkeypatch.setattr(zoo.student, "online_block", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         net.sgd_steps(x.float(), y.float(), task=0)
     assert torch.get_num_threads() == 2
@@ -122,10 +156,10 @@ def test_a_large_ensemble_keeps_the_callers_thread_count(two_threads, monkeypatc
 def test_the_two_unit_recursion_is_the_general_one_written_out():
     """p = 2 (every [S] student) takes a written-out loop: the same operations, the same bits."""
     g = torch.Generator().manual_seed(5)
-    U0, K = torch.randn(12, 2, generator=g).tolist(), (1e-2 * torch.randn(12, 12, generator=g)).tolist()
+    U0, K = torch.randn(2, 12, generator=g).tolist(), torch.randn(12, 12, generator=g).tolist()
     y, head = torch.randn(12, generator=g).tolist(), [0.8, -0.3]
     for name, act in zoo.student_scalar.ACTIVATIONS.items():
         fast_head, any_head = list(head), list(head)
-        fast = zoo.student_scalar._two_units(act, U0, K, y, fast_head, 0.05)
-        general = zoo.student_scalar._any_units(act, U0, K, y, any_head, 0.05)
+        fast = zoo.student_scalar._two_units(act, K, U0, y, fast_head, 0.7, 1e-2, 0.05)
+        general = zoo.student_scalar._any_units(act, K, U0, y, any_head, 0.7, 1e-2, 0.05)
         assert fast == general and fast_head == any_head, name

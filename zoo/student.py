@@ -53,7 +53,7 @@ from zoo.labels import MAX_MEMBER_TAGS
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
-from zoo.student_scalar import online_block
+from zoo.student_scalar import online_steps
 from zoo.threads import num_threads, threads_for
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
@@ -382,7 +382,7 @@ class MultiHeadStudent(MultiHeadModule):
         Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step. With
         the EWC penalty on, or a subclass overriding ``activation``, ``activation_grad`` or
         ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
-        A single student takes the scalar kernel (``_scalar_block``); a small ensemble runs on one
+        A single student takes the scalar kernel (``_scalar_steps``); a small ensemble runs on one
         CPU thread (``_cpu_threads``).
         """
         with num_threads(self._cpu_threads(x.device)):
@@ -390,6 +390,9 @@ class MultiHeadStudent(MultiHeadModule):
 
     def _sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         S, B, d = x.shape
+        stepwise = (self.ewc is not None and self.ewc.active) or self.custom_update
+        if B == 1 and self.n_members() == 1 and x.device.type == "cpu" and not stepwise:
+            return self._scalar_steps(x, y, task)
         E, p = self.ensemble, self.p
         # zero members up to a multiple of VECTOR_ROWS units: every elementwise op of a step then runs
         # on whole SIMD vectors, never on a scalar tail that rounds erf/exp differently, so a member
@@ -404,10 +407,8 @@ class MultiHeadStudent(MultiHeadModule):
         nb = self._block_size(B)
         block = self._online_block if B == 1 else self._minibatch_block
         W = self.W.data.view(E * p, d)
-        if (self.ewc is not None and self.ewc.active) or self.custom_update:
+        if stepwise:
             block, W = self._stepwise_block, _padded(W, E_pad * p)
-        elif B == 1 and self.n_members() == 1 and x.device.type == "cpu":
-            block, nb = self._scalar_block, self._scalar_block_size()
         for a in range(0, S * B, nb):
             block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
         if W.data_ptr() != self.W.data.data_ptr():
@@ -453,16 +454,22 @@ class MultiHeadStudent(MultiHeadModule):
             U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
         _add_rows_times(W, Gb[:, : W.shape[0]].T, Xb, -c_W)
 
-    def _scalar_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
-        """One block of online SGD of a single student, its recursion in Python floats
-        (:mod:`zoo.student_scalar`: a step of tiny tensors costs their dispatch, not their numbers)."""
+    def _scalar_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
+        """``sgd_steps`` of a single student, online, on the CPU: the whole chunk in one call of the
+        scalar kernel, in place on ``W`` and the head, no padding (:mod:`zoo.student_scalar`: a step
+        of tiny tensors costs their dispatch, not their numbers). Returns ``Delta`` (S, 1, 1)."""
+        S, d = x.shape[0], self.d
+        Delta = torch.empty(S, 1, 1, dtype=x.dtype)
         kappa, c_u, c_head, c_W = self._constants(1)
-        online_block(W, h[0], Xb, Yb[:, 0], Db[:, 0], self.activation_name, kappa / math.sqrt(self.d), c_u, c_head, c_W)
+        online_steps(self.W.data[0], self.h.data[0, task], x.reshape(S, d), y.reshape(S), Delta.view(S),
+                     self.activation_name, kappa / math.sqrt(d), c_u, c_head, c_W, self._scalar_block_size())
+        return Delta
 
     def _scalar_block_size(self) -> int:
-        """Samples per block of the scalar kernel: 32, the fastest at d = 1000, 3000 and 10,000 (its
-        steps' sums of products grow with the block, the products' efficiency with it too)."""
-        return 32
+        """Samples per block of the scalar kernel: 16, the fastest at d = 300, 1000, 3000 and 10,000
+        (the Gram matrix ``X X^T`` costs ``n d`` and the recursion's sums ``n`` a step; below 16
+        samples the per-block products and their dispatch cost more than they save)."""
+        return 16
 
     def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by

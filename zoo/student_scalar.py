@@ -6,15 +6,23 @@ numbers, and a step costs the dispatch of its operations (~1 us each): as much a
 step, which is made of the same operations. Here the recursion of the module docstring of
 :mod:`zoo.student` ([S] Eqs. 6-7, blocked):
 
-    u_j = u_j(W_0) - c sum_{m < j} (x_m . x_j) g_m,    g_m = Delta_m h * phi'(lam_m) / phi'_0
+    u_j = s (W_0 x_j) - c sum_{m < j} (x_m . x_j) g_m,    g_m = Delta_m h * phi'(lam_m) / phi'_0
 
 runs on Python floats (float64: the rounding differs from the tensor kernels, the arithmetic is
 the same), with the block's products (``W_0 X^T``, the Gram matrix ``X X^T``, ``G^T X``) still
-BLAS products: a step is then ~30 float operations and two short sums of products.
+BLAS products: a step is then ~30 float operations and two short sums of products. One call
+trains a whole chunk, block after block, with the head and the ``Delta`` in Python floats in
+between (a block costs its three products and a few conversions, not a dozen ops a step).
+
+The loop a user would write the same way (``bench/bench_student.py``'s baseline: ``W x`` and one
+``axpy`` per row of ``W`` a step, the rest on floats) costs three tensor operations a step; the
+blocks win at d = 1000 (~3.7 against ~6 us a step) and tie at d = 10,000, where the Gram's
+``n d`` a step costs as much as the loop's dispatch (``MultiHeadStudent._scalar_block_size``).
 """
 from __future__ import annotations
 
 import math
+from array import array
 from operator import mul
 
 import torch
@@ -51,32 +59,62 @@ def _linear(u: float) -> tuple[float, float]:
 ACTIVATIONS = {"erf": _erf, "relu": _relu, "sigmoid": _sigmoid, "tanh": _tanh, "linear": _linear}
 
 
-def online_block(W: Tensor, h: Tensor, Xb: Tensor, yb: Tensor, db: Tensor, activation: str,
-                 scale_u: float, c_u: float, c_head: float, c_W: float) -> None:
-    """One block of online SGD of one student, in place: ``W`` (p, d), ``h`` (p,), ``db`` (n,).
+def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activation: str, scale_u: float,
+                 c_u: float, c_head: float, c_W: float, block: int) -> None:
+    """Online SGD of one student on ``S`` samples, in place: ``W`` (p, d), ``h`` (p,), ``D`` (S,).
 
-    ``Xb`` (n, d) and ``yb`` (n,) are the block's inputs and labels; ``scale_u = kappa / sqrt d``
-    makes ``u``; ``c_u``, ``c_head``, ``c_W`` are the steps of ``u`` (per Gram entry), the head
-    and ``W`` (``MultiHeadStudent._constants``). ``db`` receives every step's ``Delta``.
+    ``X`` (S, d) and ``y`` (S,) are the inputs and labels, run in blocks of ``block`` samples;
+    ``scale_u = kappa / sqrt d`` makes ``u``; ``c_u``, ``c_head``, ``c_W`` are the steps of ``u``
+    (per Gram entry), the head and ``W`` (``MultiHeadStudent._constants``). ``D`` receives every
+    step's ``Delta``. The head is rounded to ``h``'s dtype at the end of every block, as if it were
+    written back to ``h`` there: the bits do not depend on how the samples are split into calls.
     """
-    U0 = (W @ Xb.T).T.mul_(scale_u).tolist()  # (n, p): pre-activations at W_0
-    K = (Xb @ Xb.T).mul_(c_u).tolist()  # c (x_m . x_j)
-    y, head = yb.tolist(), h.tolist()
+    act = ACTIVATIONS[activation]
+    head, labels, deltas = h.tolist(), y.tolist(), []
     recursion = _two_units if len(head) == 2 else _any_units
-    G, deltas = recursion(ACTIVATIONS[activation], U0, K, y, head, c_head)
-    W.addmm_(torch.tensor(G, dtype=W.dtype, device=W.device), Xb, alpha=-c_W)
+    for a, Xb in zip(range(0, X.shape[0], block), X.split(block)):
+        n, Xt = Xb.shape[0], Xb.T
+        # the scales are applied in the recursion, on Python floats: a tensor op per block less each
+        U0 = (W @ Xt).tolist()  # (p, n): W_0 x_j
+        # x_m . x_j, read in place: the recursion reads x_m . x_j for m < j only, and a memoryview
+        # makes a Python float of an entry when it is read (tolist would make all n^2)
+        K = Xb @ Xt
+        K = memoryview((K if K.dtype in _TYPECODES else K.float()).numpy().ravel())  # bfloat16 -> float32: exact
+        G, block_deltas = recursion(act, [K[j * n:(j + 1) * n] for j in range(n)], U0, labels[a:a + n], head,
+                                    scale_u, c_u, c_head)
+        W.addmm_(_tensor([g for unit in G for g in unit] if len(G) != 2 else G[0] + G[1], W.dtype).view(len(G), n),
+                 Xb, alpha=-c_W)
+        head = _rounded(head, h.dtype)
+        deltas += block_deltas
     h.copy_(torch.tensor(head, dtype=h.dtype))
-    db.copy_(torch.tensor(deltas, dtype=db.dtype))
+    D.copy_(torch.tensor(deltas, dtype=D.dtype))
 
 
-def _any_units(act, U0, K, y, head, c_head):
+#: array typecodes of the dtypes whose values the array module holds exactly
+_TYPECODES = {torch.float32: "f", torch.float64: "d"}
+
+
+def _tensor(values: list[float], dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-d tensor of ``dtype`` (through an array, faster than ``torch.tensor``)."""
+    kind = _TYPECODES.get(dtype)
+    return torch.frombuffer(array(kind, values), dtype=dtype) if kind else torch.tensor(values, dtype=dtype)
+
+
+def _rounded(values: list[float], dtype: torch.dtype) -> list[float]:
+    """``values`` rounded to ``dtype``, as if stored in a tensor of it and read back."""
+    kind = _TYPECODES.get(dtype)
+    return array(kind, values).tolist() if kind else torch.tensor(values, dtype=dtype).tolist()
+
+
+def _any_units(act, K, U0, y, head, scale_u, c_u, c_head):
     """The block's steps for any number of units: ``g`` of every unit (p lists) and every ``Delta``;
-    ``head`` (a list) is updated in place."""
+    ``K`` the rows of the Gram matrix, ``U0`` (p lists of n) ``W_0 x_j``; ``head`` (a list) is
+    updated in place."""
     G: list[list[float]] = [[] for _ in head]  # g of every step so far, unit by unit
     deltas = []
-    for u0, k, y_j in zip(U0, K, y):
+    for j, (k, y_j) in enumerate(zip(K, y)):
         # sum(map(mul, k, g)): the corrections of the earlier steps (g holds them; map stops there)
-        fd = [act(u - sum(map(mul, k, g))) for u, g in zip(u0, G)]
+        fd = [act(scale_u * u[j] - c_u * sum(map(mul, k, g))) for u, g in zip(U0, G)]
         delta = sum([f * h_i for (f, _), h_i in zip(fd, head)]) - y_j
         for i, ((f, df), g) in enumerate(zip(fd, G)):
             g.append(delta * head[i] * df)
@@ -85,16 +123,16 @@ def _any_units(act, U0, K, y, head, c_head):
     return G, deltas
 
 
-def _two_units(act, U0, K, y, head, c_head):
+def _two_units(act, K, U0, y, head, scale_u, c_u, c_head):
     """:func:`_any_units` written out for p = 2 ([S]'s students), twice as fast; the same
     operations in the same order, so the same bits."""
     h0, h1 = head
     G0: list[float] = []
     G1: list[float] = []
     deltas = []
-    for (u0, u1), k, y_j in zip(U0, K, y):
-        f0, df0 = act(u0 - sum(map(mul, k, G0)))
-        f1, df1 = act(u1 - sum(map(mul, k, G1)))
+    for u0, u1, k, y_j in zip(*U0, K, y):
+        f0, df0 = act(scale_u * u0 - c_u * sum(map(mul, k, G0)))
+        f1, df1 = act(scale_u * u1 - c_u * sum(map(mul, k, G1)))
         delta = 0.0 + f0 * h0 + f1 * h1 - y_j  # sum() of _any_units starts at 0.0 too
         G0.append(delta * h0 * df0)
         G1.append(delta * h1 * df1)
