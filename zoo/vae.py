@@ -92,9 +92,38 @@ def gaussian_kl(mu: Tensor, logvar: Tensor) -> Tensor:
     return 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar)
 
 
+class _BernoulliNLL(torch.autograd.Function):
+    """``softplus(l) - x l`` summed over the last dimension, written with vectorised CPU kernels:
+    ``softplus(l) = relu(l) - log(sigmoid(|l|))`` (no overflow; ``sigmoid(|l|)`` in [1/2, 1)), where
+    torch's ``binary_cross_entropy_with_logits`` spends most of its time in a scalar
+    ``log_sigmoid`` on the CPU. The gradient is torch's own formula, ``(sigmoid(l) - x) g``, op
+    for op, so training steps are the same bits; the value differs from torch's in the last digit
+    (``log`` of ``sigmoid(|l|)`` rather than ``log1p(exp(-|l|))``: ~1e-7 absolute per pixel)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, x: Tensor) -> Tensor:
+        ctx.save_for_backward(logits, x)
+        return torch.relu(logits).sub_(torch.sigmoid(logits.abs()).log_()).sub_(logits * x).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        logits, x = ctx.saved_tensors
+        return torch.sigmoid(logits).sub_(x).mul_(grad.unsqueeze(-1)), None
+
+
+def bernoulli_nll(logits: Tensor, x: Tensor) -> Tensor:
+    """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over the last
+    dimension; ``x`` broadcasts against ``logits`` (one image batch for a stack of models)."""
+    if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and x.dtype == logits.dtype
+            and not x.requires_grad and not torch.is_autocast_enabled("cpu")):
+        return _BernoulliNLL.apply(logits, x)
+    # elsewhere torch's fused kernel (its gradient is the same formula)
+    return F.binary_cross_entropy_with_logits(logits, x.expand_as(logits), reduction="none").sum(-1)
+
+
 def bernoulli_reconstruction(logits: Tensor, x: Tensor) -> Tensor:
     """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over pixels, (B,)."""
-    return F.binary_cross_entropy_with_logits(logits.flatten(1), x.flatten(1), reduction="none").sum(1)
+    return bernoulli_nll(logits.flatten(1), x.flatten(1))
 
 
 def active_latents(mu: Tensor, threshold: float = ACTIVE_THRESHOLD) -> Tensor:
@@ -676,10 +705,15 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
                   for k, m in enumerate(self.members)]
             z = torch.stack([v for v in zs if v is not None])
         logits = stacked_mlp(z, decoder)
-        recon = F.binary_cross_entropy_with_logits(logits, pixels.to(mu.dtype).expand_as(logits),
-                                                   reduction="none").sum(-1).mean(-1)
-        kl_per_latent = gaussian_kl(mu, logvar).mean(1)
-        reg = torch.stack([m.regulariser(mu[i], logvar[i], z[i], step) for i, m in enumerate(models)])
+        recon = bernoulli_nll(logits, pixels.to(logits.dtype)).mean(-1)
+        kl = gaussian_kl(mu, logvar)
+        kl_per_latent = kl.mean(1)
+        if cls.regulariser is BetaVAE.regulariser:  # beta KL of every member at once
+            betas = {m.beta for m in models}
+            beta = betas.pop() if len(betas) == 1 else torch.tensor([m.beta for m in models]).to(kl)
+            reg = beta * kl.sum(-1).mean(-1)
+        else:
+            reg = torch.stack([m.regulariser(mu[i], logvar[i], z[i], step) for i, m in enumerate(models)])
         active = ((mu.detach().var(1) > ACTIVE_THRESHOLD).sum(-1).float() if B > 1
                   else torch.zeros(len(models), device=mu.device))
         return {"loss": recon + reg, "reconstruction": recon, "kl": kl_per_latent.sum(-1), "regulariser": reg,
@@ -727,5 +761,5 @@ def vae_members(module: nn.Module, where: Sequence[dict] | None = None) -> list[
     return [("", module)]
 
 
-__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_reconstruction", "active_latents", "vae_members",
+__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_nll", "bernoulli_reconstruction", "active_latents", "vae_members",
            "ENCODER_WIDTHS", "DECODER_WIDTHS", "ACTIVE_THRESHOLD"]
