@@ -71,7 +71,7 @@ from zoo.member_modules import ModuleMembers
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.evaluation import StagedEvaluation
 from zoo.progress import Progress, attached_trainer
-from zoo.vae_stacked import SharedStacks, stacked_layers, stacked_mlp
+from zoo.vae_stacked import SharedStacks, StackedAdam, stacked_layers, stacked_mlp
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
 """Hidden widths of the encoder body (disentanglement-pytorch's deep fully connected encoder)."""
@@ -680,10 +680,13 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         if trainer is not None and trainer.world_size > 1 and not is_sharded(self):
             return (stacked_layers([self.members[k].encoder for k in local]),
                     stacked_layers([self.members[k].decoder for k in local]))
+        return tuple(self._stacks()[part].leaves(local.start, local.stop) for part in ("encoder", "decoder"))
+
+    def _stacks(self) -> dict[str, SharedStacks]:
         if self._shared_stacks is None:
             self._shared_stacks = {part: SharedStacks([getattr(m, part) for m in self.members])
                                    for part in ("encoder", "decoder")}
-        return tuple(self._shared_stacks[part].leaves(local.start, local.stop) for part in ("encoder", "decoder"))
+        return self._shared_stacks
 
     def _losses_together(self, x: Tensor, step: int) -> dict[str, Tensor]:
         """:meth:`BetaVAE.losses` of this rank's members computed together (``zoo.vae_stacked``),
@@ -746,7 +749,10 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # over every member: the same parameter list (and checkpoint layout) on any number of processes;
         # fused (vectorised): one pass over each tensor, per element the same Adam, rounded otherwise
+        # (StackedAdam: over the stacked tensors where the members' parameters and gradients are stacked)
         fused = self.vectorise and {p.device.type for p in self.parameters()} <= {"cpu", "cuda"}
+        if fused and self._vectorised():
+            return self.track_optimizer(StackedAdam(self.parameters(), list(self._stacks().values()), lr=self.lr))
         return self.track_optimizer(torch.optim.Adam(self.parameters(), lr=self.lr, fused=fused or None))
 
 
