@@ -93,7 +93,7 @@ def gaussian_kl(mu: Tensor, logvar: Tensor) -> Tensor:
 
 
 class _BernoulliNLL(torch.autograd.Function):
-    """``softplus(l) - x l`` summed over the last dimension, written with vectorised CPU kernels:
+    """``softplus(l) - x l`` summed over dimension ``dim``, written with vectorised CPU kernels:
     ``softplus(l) = relu(l) - log(sigmoid(|l|))`` (no overflow; ``sigmoid(|l|)`` in [1/2, 1)), where
     torch's ``binary_cross_entropy_with_logits`` spends most of its time in a scalar
     ``log_sigmoid`` on the CPU. The gradient is torch's own formula, ``(sigmoid(l) - x) g``, op
@@ -101,24 +101,27 @@ class _BernoulliNLL(torch.autograd.Function):
     (``log`` of ``sigmoid(|l|)`` rather than ``log1p(exp(-|l|))``: ~1e-7 absolute per pixel)."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, x: Tensor) -> Tensor:
+    def forward(ctx, logits: Tensor, x: Tensor, dim: int) -> Tensor:
         ctx.save_for_backward(logits, x)
-        return torch.relu(logits).sub_(torch.sigmoid(logits.abs()).log_()).sub_(logits * x).sum(-1)
+        ctx.dim = dim
+        nll, scratch = torch.relu(logits), logits.abs()  # two buffers for the whole sum (each pass is memory-bound)
+        nll.sub_(torch.sigmoid(scratch, out=scratch).log_())
+        return nll.sub_(torch.mul(logits, x, out=scratch)).sum(dim)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         logits, x = ctx.saved_tensors
-        return torch.sigmoid(logits).sub_(x).mul_(grad.unsqueeze(-1)), None
+        return torch.sigmoid(logits).sub_(x).mul_(grad.unsqueeze(ctx.dim)), None, None
 
 
-def bernoulli_nll(logits: Tensor, x: Tensor) -> Tensor:
-    """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over the last
-    dimension; ``x`` broadcasts against ``logits`` (one image batch for a stack of models)."""
+def bernoulli_nll(logits: Tensor, x: Tensor, dim: int = -1) -> Tensor:
+    """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over ``dim``
+    (the pixels); ``x`` broadcasts against ``logits`` (one image batch for a stack of models)."""
     if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and x.dtype == logits.dtype
             and not x.requires_grad and not torch.is_autocast_enabled("cpu")):
-        return _BernoulliNLL.apply(logits, x)
+        return _BernoulliNLL.apply(logits, x, dim)
     # elsewhere torch's fused kernel (its gradient is the same formula)
-    return F.binary_cross_entropy_with_logits(logits, x.expand_as(logits), reduction="none").sum(-1)
+    return F.binary_cross_entropy_with_logits(logits, x.expand_as(logits), reduction="none").sum(dim)
 
 
 def bernoulli_reconstruction(logits: Tensor, x: Tensor) -> Tensor:
@@ -707,8 +710,10 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
             zs = [m.reparameterise(mu[local.index(k)], logvar[local.index(k)]) if k in local else m.skip_noise(B)
                   for k, m in enumerate(self.members)]
             z = torch.stack([v for v in zs if v is not None])
-        logits = stacked_mlp(z, decoder)
-        recon = bernoulli_nll(logits, pixels.to(logits.dtype)).mean(-1)
+        logits = stacked_mlp(z, decoder)  # (E, B, D), a transposed view of the contiguous (E, D, B)
+        # summed over the pixels in the logits' own layout, the images laid out alike (a broadcast
+        # operand whose rows are strided would make every elementwise pass a gather)
+        recon = bernoulli_nll(logits.transpose(1, 2), pixels.t().to(logits.dtype).contiguous(), dim=-2).mean(-1)
         kl = gaussian_kl(mu, logvar)
         kl_per_latent = kl.mean(1)
         if cls.regulariser is BetaVAE.regulariser:  # beta KL of every member at once
