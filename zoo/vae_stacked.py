@@ -110,7 +110,7 @@ class StackedAdam(torch.optim.Adam):
     them elsewhere (after the first step, or a checkpoint load). A step is torch's own whenever
     the stacked one does not apply: a parameter's gradient is not the view the stacks handed out
     (a member-parallel slice, data-parallel copies), the steps differ, or an option the stacked
-    step does not take (amsgrad, a tensor lr, several parameter groups).
+    step does not take (amsgrad, a tensor lr, several parameter groups, a GradScaler's scale).
     """
 
     def __init__(self, params, stacks: Sequence[SharedStacks], lr: float) -> None:
@@ -143,8 +143,9 @@ class StackedAdam(torch.optim.Adam):
             return None
         group = self.param_groups[0]
         if (group["amsgrad"] or group.get("decoupled_weight_decay") or not group["fused"]
-                or isinstance(group["lr"], Tensor)):
-            return None
+                or isinstance(group["lr"], Tensor)
+                or getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None):
+            return None  # (grad_scale, found_inf: a GradScaler's unscaling, which torch's step does)
         entries = [(shared, j) for shared in self.shared_stacks for j in range(len(shared.params))]
         if sum(len(shared.params[j]) for shared, j in entries) != len(group["params"]):
             return None
