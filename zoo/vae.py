@@ -537,9 +537,11 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     ``vectorise``: step the members together (issue #21; default) rather than one after another.
     Vectorised, a training step runs every member's encoder and decoder as one batched computation
     over their stacked weights (``zoo.vae_stacked``; each member keeps its own parameters) and Adam
-    is torch's fused kernel (one pass over the parameters instead of seven): the same maths per
-    member, rounded otherwise (summation order; tests/test_vae_vectorised.py checks it against the
-    members stepped one by one), so ``vectorise: false`` reproduces runs made before it bit for bit.
+    is torch's fused kernel (one pass over the parameters instead of seven), run over the stacked
+    tensors (``StackedAdam``): the same maths per member, rounded otherwise (summation order;
+    tests/test_vae_vectorised.py checks it against the members stepped one by one), so
+    ``vectorise: false`` trains as runs made before it did, bit for bit (the logged losses differ
+    in the last digit: :func:`bernoulli_nll`).
     A ``member_class`` that overrides ``encode``, ``decode``, ``losses`` or ``build`` is stepped
     one by one; one that overrides ``reparameterise`` or ``regulariser`` is vectorised around them.
     ``member_class`` (a class attribute) is the model each member is: a subclass of this sweep
