@@ -185,15 +185,11 @@ def test_stacked_adam_is_torchs_fused_adam_and_resumes_from_its_state_dict():
     _adam_run(stacked, opt, range(3))
     _adam_run(plain, ref, range(3))
     assert opt._views is not None  # steps 2 and 3 ran over the stacks (step 1 is torch's: it makes the state)
-    # the same Adam; an element in the kernel's scalar tail in one layout and its vector body in the
-    # other rounds apart by an ulp
-    for a, b in zip(stacked.parameters(), plain.parameters()):
-        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
+    # the same Adam bit for bit (ARGS has stacks whose tensors fill whole vectors and some that do not)
+    assert all(torch.equal(a, b) for a, b in zip(stacked.parameters(), plain.parameters()))
     state, ref_state = opt.state_dict(), ref.state_dict()
     for i, s in ref_state["state"].items():
-        assert torch.equal(state["state"][i]["step"], s["step"]) and s["step"].item() == 3.0
-        for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(state["state"][i][key], s[key], atol=1e-9, rtol=1e-5)
+        assert s["step"].item() == 3.0 and all(torch.equal(state["state"][i][k], s[k]) for k in s)
     # a resumed run (state dict into a fresh optimizer: stacked again) continues as the uninterrupted one, bit for bit
     resumed = _sweep()
     resumed.load_state_dict(stacked.state_dict())

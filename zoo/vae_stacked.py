@@ -98,12 +98,18 @@ class SharedStacks:
         return leaf
 
 
+_VECTOR_BYTES = 64
+"""The widest vector torch's CPU kernels use (AVX-512): a tensor of a multiple of it in bytes has no
+scalar tail at any narrower width either."""
+
+
 class StackedAdam(torch.optim.Adam):
     """torch's fused Adam (``fused=True``) over the parameters of :class:`SharedStacks`, whose
     update runs over the stacked tensors (one per layer and kind) instead of one per net, without
     the work per tensor that torch's optimizer does in Python (a sweep has hundreds of parameters).
-    Per element the same Adam, rounded alike except where an element falls in the kernel's scalar
-    tail in one layout and its vector body in the other (~1 ulp, a few elements in a thousand).
+    The same Adam bit for bit: torch's CPU kernel treats the elements past the last full vector
+    of a tensor with scalar code, which rounds otherwise, so a stack whose nets' tensors do not
+    fill whole vectors (``_VECTOR_BYTES``) is stepped tensor by tensor (in the same kernel call).
 
     The state stays per parameter (``state_dict``, checkpoints): each parameter's ``exp_avg``,
     ``exp_avg_sq`` and ``step`` become views into stacked tensors on the first step that finds
@@ -154,25 +160,35 @@ class StackedAdam(torch.optim.Adam):
             handed = shared.grads[j]
             if handed is None or any(p.grad is not v for p, v in zip(shared.params[j], handed[1])):
                 return None
-            grads.append(handed[0])
+            grads.append(handed)
         if not self._state_stacked([shared.params[j] for shared, j in entries]):
             return None
-        avgs, sqs, steps, counter, _ = self._views
-        return [shared.stacks[j] for shared, j in entries], grads, avgs, sqs, steps, counter
+        avgs, sqs, counter, views = self._views
+        tensors: tuple[list[Tensor], ...] = ([], [], [], [], [])
+        for (shared, j), (grad, grad_views), avg, sq, triples in zip(entries, grads, avgs, sqs, views):
+            stack = shared.stacks[j]
+            if stack.numel() // len(stack) * stack.element_size() % _VECTOR_BYTES == 0:
+                items = [(stack, grad, avg, sq, triples[0][2])]
+            else:  # each net's tensor alone, as torch's step (see the class docstring)
+                items = [(p, g, a, q, c) for p, g, (a, q, c) in zip(shared.params[j], grad_views, triples)]
+            for item in items:
+                for lst, t in zip(tensors, item):
+                    lst.append(t)
+        return (*tensors, counter)
 
     def _state_stacked(self, groups: list[list[Tensor]]) -> bool:
         """Whether every parameter's state is a view into the stacked state (made so if it can be)."""
         states = [[self.state.get(p) for p in ps] for ps in groups]
         if self._views is not None and all(
                 s and s["exp_avg"] is a and s["exp_avg_sq"] is q and s["step"] is c
-                for ss, triples in zip(states, self._views[4]) for s, (a, q, c) in zip(ss, triples)):
+                for ss, triples in zip(states, self._views[3]) for s, (a, q, c) in zip(ss, triples)):
             return True
         flat = [s for ss in states for s in ss]
         if not all(flat) or len({float(s["step"]) for s in flat}) != 1:
             return False
         counter = torch.stack([s["step"] for s in flat])  # every parameter's step count, one tensor
         counts = iter(counter.unbind(0))
-        avgs, sqs, steps, views = [], [], [], []
+        avgs, sqs, views = [], [], []
         for ss in states:
             avg, sq = torch.stack([s["exp_avg"] for s in ss]), torch.stack([s["exp_avg_sq"] for s in ss])
             triples = []
@@ -181,9 +197,8 @@ class StackedAdam(torch.optim.Adam):
                 triples.append((a, q, s["step"]))
             avgs.append(avg)
             sqs.append(sq)
-            steps.append(triples[0][2])
             views.append(triples)
-        self._views = [avgs, sqs, steps, counter, views]
+        self._views = [avgs, sqs, counter, views]
         return True
 
 
