@@ -774,5 +774,5 @@ def vae_members(module: nn.Module, where: Sequence[dict] | None = None) -> list[
     return [("", module)]
 
 
-__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_nll", "bernoulli_reconstruction", "active_latents", "vae_members",
-           "ENCODER_WIDTHS", "DECODER_WIDTHS", "ACTIVE_THRESHOLD"]
+__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_nll", "bernoulli_reconstruction", "active_latents",
+           "vae_members", "ENCODER_WIDTHS", "DECODER_WIDTHS", "ACTIVE_THRESHOLD"]
