@@ -2,10 +2,12 @@
 over the models, batched matrix products (issue #21: a ``BetaVAESweep`` steps its members together).
 
 The members keep their own ``nn.Linear`` parameters (checkpoints, member-parallel ownership and the
-callbacks see separate models); a step stacks them (``torch.stack``, a copy whose backward hands
-each member its own slice of the gradient), so the arithmetic per member is the member's own
+callbacks see separate models); a step reads them stacked (:class:`SharedStacks`: the parameters
+are views into one tensor per layer; under data-parallel DDP :func:`stacked_layers`' copies), and
+each member gets its own slice of the gradient, so the arithmetic per member is the member's own
 ``Linear`` chain ([S] App. D's deep fully connected encoder and decoder) with its matrix products
-batched (``torch.baddbmm``): equal to the member's up to float summation order.
+batched (``torch.baddbmm``): equal to the member's up to float summation order. Adam steps the
+stacks too (:class:`StackedAdam`).
 
 The first layer of an encoder reads the same images for every member: they enter the batched
 product broadcast over the members (a stride-0 batch, no copy). Measured on a 1-thread CPU
