@@ -16,7 +16,7 @@ product broadcast over the members (a stride-0 batch, no copy). Measured on a 1-
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -121,13 +121,13 @@ class StackedAdam(torch.optim.Adam):
     step does not take (amsgrad, a tensor lr, several parameter groups, a GradScaler's scale).
     """
 
-    def __init__(self, params, stacks: Sequence[SharedStacks], lr: float) -> None:
+    def __init__(self, params: Iterable[nn.Parameter], stacks: Sequence[SharedStacks], lr: float) -> None:
         super().__init__(params, lr=lr, fused=True)
         self.shared_stacks = stacks
         self._views: list | None = None
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():
