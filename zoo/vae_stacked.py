@@ -16,6 +16,7 @@ product broadcast over the members (a stride-0 batch, no copy). Measured on a 1-
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -43,9 +44,9 @@ class SharedStacks:
     broadcasts in place are unchanged); only their ``.data`` points into the stack. A device or
     dtype move gives a parameter new storage: :meth:`leaves` notices and stacks again (one copy).
     The gradients of :meth:`leaves` go to the nets' parameters as views of the stacked gradient
-    (a hook), added to a ``.grad`` already there (gradient accumulation); ``grads[j]`` holds the
-    stacked gradient of ``params[j]`` and the views handed out (:class:`StackedAdam` reads it
-    while every net's gradient is still that view). Leaves do not go through the parameters'
+    (a hook), added to a ``.grad`` already there (gradient accumulation); ``grads[j]`` refers
+    (weakly) to the stacked gradient of ``params[j]`` and the views handed out (:class:`StackedAdam`
+    reads it while every net's gradient is still that view). Leaves do not go through the parameters'
     autograd hooks: a module wrapped in ``DistributedDataParallel`` must use :func:`stacked_layers`.
     """
 
@@ -53,7 +54,9 @@ class SharedStacks:
         self.params = [group for layer in _linears(nets)
                        for group in ([m.weight for m in layer], [m.bias for m in layer])]
         self.stacks: list[Tensor] = []
-        self.grads: list[tuple[Tensor, list[Tensor]] | None] = [None] * len(self.params)
+        # weak: the views keep the stacked gradient alive, and once the parameters drop their
+        # gradients (zero_grad) it is freed, not held until the next backward
+        self.grads: list[tuple[weakref.ref, list[weakref.ref]] | None] = [None] * len(self.params)
 
     def _shared(self) -> bool:
         # a move gives every parameter new storage; the stacks keep theirs, so no address is reused
@@ -89,7 +92,7 @@ class SharedStacks:
             grad, leaf.grad = leaf.grad, None
             views = list(grad.unbind(0))
             if whole and all(p.grad is None for p in params):
-                self.grads[j] = (grad, views)
+                self.grads[j] = (weakref.ref(grad), [weakref.ref(v) for v in views])
             for p, g in zip(params, views):
                 if p.grad is None:
                     p.grad = g  # a view: no copy
@@ -160,9 +163,10 @@ class StackedAdam(torch.optim.Adam):
         grads = []
         for shared, j in entries:
             handed = shared.grads[j]
-            if handed is None or any(p.grad is not v for p, v in zip(shared.params[j], handed[1])):
+            if handed is None or any(p.grad is None or p.grad is not view()
+                                     for p, view in zip(shared.params[j], handed[1])):
                 return None
-            grads.append(handed)
+            grads.append((handed[0](), [p.grad for p in shared.params[j]]))
         if not self._state_stacked([shared.params[j] for shared, j in entries]):
             return None
         avgs, sqs, counter, views = self._views
