@@ -8,7 +8,8 @@ L = 10, batch 64, lr 1e-3. Each step is the forward pass, the backward pass and 
 
 * zoo: ``BetaVAESweep.member_losses`` (vectorised: every member's encoder and decoder as one batched
   computation over stacked weights, ``zoo.vae_stacked``), the sum backward, and the sweep's own
-  optimizer (``configure_optimizers``: fused Adam).
+  optimizer (``configure_optimizers``: ``StackedAdam``, torch's fused Adam kernel run over the
+  stacked parameters, gradients and state).
 * baseline (the strongest hand-written loop of the same arithmetic): 12 separate ``BetaVAE``s, each
   ``losses``, backward and its own fused Adam (the zoo's optimizer, model by model).
 * a second row: the same separate models with the Adam ``BetaVAE.configure_optimizers`` gives each

@@ -13,8 +13,8 @@ from tests.conftest import quiet_trainer
 from tests.helpers_vae import TinySquares, short_trainer
 from zoo.divergence import DivergenceError
 from zoo.init import Gain, Xavier
-from zoo.vae import (ACTIVE_THRESHOLD, BetaVAE, BetaVAESweep, active_latents, bernoulli_reconstruction,
-                     gaussian_kl)
+from zoo.vae import (ACTIVE_THRESHOLD, BetaVAE, BetaVAESweep, active_latents, bernoulli_nll,
+                     bernoulli_reconstruction, gaussian_kl)
 
 
 def _vae(**kw) -> BetaVAE:
@@ -40,6 +40,27 @@ def test_bernoulli_reconstruction_is_summed_negative_log_likelihood():
     p = torch.sigmoid(logits)
     by_hand = -(x * torch.log(p) + (1 - x) * torch.log(1 - p)).sum()  # atol: float32 rounding
     torch.testing.assert_close(bernoulli_reconstruction(logits, x), by_hand.view(1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bernoulli_nll_has_torchs_gradient_bit_for_bit_and_its_value_to_rounding(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (8 * torch.randn(3, 5, 40, generator=g, dtype=dtype)).index_fill_(2, torch.tensor([0, 1]), 0.0)
+    logits[0, 0, :4] = torch.tensor([-100.0, 100.0, -30.0, 30.0], dtype=dtype)  # where exp(-|l|) underflows
+    x = torch.rand(5, 40, generator=g, dtype=dtype)
+    x[0, :2] = torch.tensor([0.0, 1.0])
+    mine, ref = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours = bernoulli_nll(mine, x)
+    torchs = torch.nn.functional.binary_cross_entropy_with_logits(ref, x.expand_as(ref), reduction="none").sum(-1)
+    # ~1e-7 absolute per pixel (float32): log(sigmoid(|l|)) against torch's log1p(exp(-|l|))
+    torch.testing.assert_close(ours, torchs, atol=40 * 2e-7, rtol=1e-6)
+    weights = torch.rand(3, 5, generator=g, dtype=dtype)
+    (ours * weights).sum().backward()
+    (torchs * weights).sum().backward()
+    assert torch.equal(mine.grad, ref.grad)  # the same training steps
+    # summed over another dimension (the sweep's feature-major logits): the same numbers
+    transposed = bernoulli_nll(logits.transpose(1, 2).contiguous(), x.t().contiguous(), dim=-2)
+    torch.testing.assert_close(transposed, ours.detach(), atol=1e-5, rtol=1e-6)
 
 
 def test_active_latents_counts_variance_above_threshold():

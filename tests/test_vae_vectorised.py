@@ -1,16 +1,19 @@
 """The vectorised BetaVAESweep (issue #21, zoo.vae_stacked): the stacked chain against each net's
 own layers, a vectorised member against a separate BetaVAE stepped by the same fused Adam on the
 same noise, the switch's one-by-one path against it, a member-parallel slice against the whole
-sweep, and the stacked storage through a dtype move, a checkpoint load and gradient accumulation.
+sweep, the stacked storage through a dtype move, a checkpoint load and gradient accumulation, and
+StackedAdam against torch's fused Adam (stacked, restored from a state dict, and falling back).
 Every test on one thread (tiny networks; on a loaded CPU a second thread makes them crawl)."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 from zoo.init import Gain
 from zoo.vae import BetaVAE, BetaVAESweep
-from zoo.vae_stacked import SharedStacks, stacked_layers, stacked_mlp
+from zoo.vae_stacked import SharedStacks, StackedAdam, stacked_layers, stacked_mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -163,3 +166,51 @@ def test_shared_stacks_hand_gradients_out_as_views():
     grad = nets[1][0].weight.grad
     assert torch.equal(grad, torch.ones_like(grad)) and grad.untyped_storage().data_ptr() == \
         nets[0][0].weight.grad.untyped_storage().data_ptr()
+
+
+def _adam_run(sweep: BetaVAESweep, opt: torch.optim.Optimizer, steps: range) -> None:
+    x = _images()
+    for step in steps:
+        out = sweep.member_losses(x, step)
+        opt.zero_grad()
+        out["loss"].sum().backward()
+        opt.step()
+
+
+def test_stacked_adam_is_torchs_fused_adam_and_resumes_from_its_state_dict():
+    stacked, plain = _sweep(), _sweep()
+    opt = stacked.configure_optimizers()
+    assert isinstance(opt, StackedAdam)
+    ref = torch.optim.Adam(plain.parameters(), lr=plain.lr, fused=True)
+    _adam_run(stacked, opt, range(3))
+    _adam_run(plain, ref, range(3))
+    assert opt._views is not None  # steps 2 and 3 ran over the stacks (step 1 is torch's: it makes the state)
+    # the same Adam bit for bit (ARGS has stacks whose tensors fill whole vectors and some that do not)
+    assert all(torch.equal(a, b) for a, b in zip(stacked.parameters(), plain.parameters()))
+    state, ref_state = opt.state_dict(), ref.state_dict()
+    for i, s in ref_state["state"].items():
+        assert s["step"].item() == 3.0 and all(torch.equal(state["state"][i][k], s[k]) for k in s)
+    # a resumed run (state dict into a fresh optimizer: stacked again) continues as the uninterrupted one, bit for bit
+    resumed = _sweep()
+    resumed.load_state_dict(stacked.state_dict())
+    resumed.members[0].noise_generator.set_state(stacked.members[0].noise().get_state())
+    again = resumed.configure_optimizers()
+    again.load_state_dict(copy.deepcopy(state))  # as from a checkpoint file: the state dict holds the live views
+    _adam_run(stacked, opt, range(3, 5))
+    _adam_run(resumed, again, range(3, 5))
+    assert all(torch.equal(a, b) for a, b in zip(stacked.parameters(), resumed.parameters()))
+
+
+def test_stacked_adam_falls_back_to_torchs_step_on_a_member_parallel_slice():
+    part, plain = _sweep(), _sweep()
+    part.member_range = plain.member_range = (1, 3, 4)  # this rank trains members 1 and 2
+    opt = part.configure_optimizers()
+    ref = torch.optim.Adam(plain.parameters(), lr=plain.lr, fused=True)
+    _adam_run(part, opt, range(3))
+    _adam_run(plain, ref, range(3))
+    assert opt._views is None  # torch's step every time: the other members have no gradient
+    fresh = _sweep()
+    for k, (a, b, c) in enumerate(zip(part.members, plain.members, fresh.members)):
+        for p, q, r in zip(a.parameters(), b.parameters(), c.parameters()):
+            assert torch.equal(p, q)
+            assert torch.equal(p, r) == (k in (0, 3))  # only this rank's members moved

@@ -71,7 +71,7 @@ from zoo.member_modules import ModuleMembers
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.evaluation import StagedEvaluation
 from zoo.progress import Progress, attached_trainer
-from zoo.vae_stacked import SharedStacks, stacked_layers, stacked_mlp
+from zoo.vae_stacked import SharedStacks, StackedAdam, stacked_layers, stacked_mlp
 
 ENCODER_WIDTHS = [1000, 400, 200, 100]
 """Hidden widths of the encoder body (disentanglement-pytorch's deep fully connected encoder)."""
@@ -92,9 +92,41 @@ def gaussian_kl(mu: Tensor, logvar: Tensor) -> Tensor:
     return 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar)
 
 
+class _BernoulliNLL(torch.autograd.Function):
+    """``softplus(l) - x l`` summed over dimension ``dim``, written with vectorised CPU kernels:
+    ``softplus(l) = relu(l) - log(sigmoid(|l|))`` (no overflow; ``sigmoid(|l|)`` in [1/2, 1)), where
+    torch's ``binary_cross_entropy_with_logits`` spends most of its time in a scalar
+    ``log_sigmoid`` on the CPU. The gradient is torch's own formula, ``(sigmoid(l) - x) g``, op
+    for op, so training steps are the same bits; the value differs from torch's in the last digit
+    (``log`` of ``sigmoid(|l|)`` rather than ``log1p(exp(-|l|))``: ~1e-7 absolute per pixel)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, x: Tensor, dim: int) -> Tensor:
+        ctx.save_for_backward(logits, x)
+        ctx.dim = dim
+        nll, scratch = torch.relu(logits), logits.abs()  # two buffers for the whole sum (each pass is memory-bound)
+        nll.sub_(torch.sigmoid(scratch, out=scratch).log_())
+        return nll.sub_(torch.mul(logits, x, out=scratch)).sum(dim)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        logits, x = ctx.saved_tensors
+        return torch.sigmoid(logits).sub_(x).mul_(grad.unsqueeze(ctx.dim)), None, None
+
+
+def bernoulli_nll(logits: Tensor, x: Tensor, dim: int = -1) -> Tensor:
+    """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over ``dim``
+    (the pixels); ``x`` broadcasts against ``logits`` (one image batch for a stack of models)."""
+    if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and x.dtype == logits.dtype
+            and not x.requires_grad and not torch.is_autocast_enabled("cpu")):
+        return _BernoulliNLL.apply(logits, x, dim)
+    # elsewhere torch's fused kernel (its gradient is the same formula)
+    return F.binary_cross_entropy_with_logits(logits, x.expand_as(logits), reduction="none").sum(dim)
+
+
 def bernoulli_reconstruction(logits: Tensor, x: Tensor) -> Tensor:
     """Negative Bernoulli log-likelihood of ``x`` in [0, 1] given ``logits``, summed over pixels, (B,)."""
-    return F.binary_cross_entropy_with_logits(logits.flatten(1), x.flatten(1), reduction="none").sum(1)
+    return bernoulli_nll(logits.flatten(1), x.flatten(1))
 
 
 def active_latents(mu: Tensor, threshold: float = ACTIVE_THRESHOLD) -> Tensor:
@@ -505,9 +537,11 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     ``vectorise``: step the members together (issue #21; default) rather than one after another.
     Vectorised, a training step runs every member's encoder and decoder as one batched computation
     over their stacked weights (``zoo.vae_stacked``; each member keeps its own parameters) and Adam
-    is torch's fused kernel (one pass over the parameters instead of seven): the same maths per
-    member, rounded otherwise (summation order; tests/test_vae_vectorised.py checks it against the
-    members stepped one by one), so ``vectorise: false`` reproduces runs made before it bit for bit.
+    is torch's fused kernel (one pass over the parameters instead of seven), run over the stacked
+    tensors (``StackedAdam``): the same maths per member, rounded otherwise (summation order;
+    tests/test_vae_vectorised.py checks it against the members stepped one by one), so
+    ``vectorise: false`` trains as runs made before it did, bit for bit (the logged losses differ
+    in the last digit: :func:`bernoulli_nll`).
     A ``member_class`` that overrides ``encode``, ``decode``, ``losses`` or ``build`` is stepped
     one by one; one that overrides ``reparameterise`` or ``regulariser`` is vectorised around them.
     ``member_class`` (a class attribute) is the model each member is: a subclass of this sweep
@@ -651,10 +685,13 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         if trainer is not None and trainer.world_size > 1 and not is_sharded(self):
             return (stacked_layers([self.members[k].encoder for k in local]),
                     stacked_layers([self.members[k].decoder for k in local]))
+        return tuple(self._stacks()[part].leaves(local.start, local.stop) for part in ("encoder", "decoder"))
+
+    def _stacks(self) -> dict[str, SharedStacks]:
         if self._shared_stacks is None:
             self._shared_stacks = {part: SharedStacks([getattr(m, part) for m in self.members])
                                    for part in ("encoder", "decoder")}
-        return tuple(self._shared_stacks[part].leaves(local.start, local.stop) for part in ("encoder", "decoder"))
+        return self._shared_stacks
 
     def _losses_together(self, x: Tensor, step: int) -> dict[str, Tensor]:
         """:meth:`BetaVAE.losses` of this rank's members computed together (``zoo.vae_stacked``),
@@ -675,11 +712,18 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
             zs = [m.reparameterise(mu[local.index(k)], logvar[local.index(k)]) if k in local else m.skip_noise(B)
                   for k, m in enumerate(self.members)]
             z = torch.stack([v for v in zs if v is not None])
-        logits = stacked_mlp(z, decoder)
-        recon = F.binary_cross_entropy_with_logits(logits, pixels.to(mu.dtype).expand_as(logits),
-                                                   reduction="none").sum(-1).mean(-1)
-        kl_per_latent = gaussian_kl(mu, logvar).mean(1)
-        reg = torch.stack([m.regulariser(mu[i], logvar[i], z[i], step) for i, m in enumerate(models)])
+        logits = stacked_mlp(z, decoder)  # (E, B, D), a transposed view of the contiguous (E, D, B)
+        # summed over the pixels in the logits' own layout, the images laid out alike (a broadcast
+        # operand whose rows are strided would make every elementwise pass a gather)
+        recon = bernoulli_nll(logits.transpose(1, 2), pixels.t().to(logits.dtype).contiguous(), dim=-2).mean(-1)
+        kl = gaussian_kl(mu, logvar)
+        kl_per_latent = kl.mean(1)
+        if cls.regulariser is BetaVAE.regulariser:  # beta KL of every member at once
+            betas = {m.beta for m in models}
+            beta = betas.pop() if len(betas) == 1 else torch.tensor([m.beta for m in models]).to(kl)
+            reg = beta * kl.sum(-1).mean(-1)
+        else:
+            reg = torch.stack([m.regulariser(mu[i], logvar[i], z[i], step) for i, m in enumerate(models)])
         active = ((mu.detach().var(1) > ACTIVE_THRESHOLD).sum(-1).float() if B > 1
                   else torch.zeros(len(models), device=mu.device))
         return {"loss": recon + reg, "reconstruction": recon, "kl": kl_per_latent.sum(-1), "regulariser": reg,
@@ -712,7 +756,10 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # over every member: the same parameter list (and checkpoint layout) on any number of processes;
         # fused (vectorised): one pass over each tensor, per element the same Adam, rounded otherwise
+        # (StackedAdam: over the stacked tensors where the members' parameters and gradients are stacked)
         fused = self.vectorise and {p.device.type for p in self.parameters()} <= {"cpu", "cuda"}
+        if fused and self._vectorised():
+            return self.track_optimizer(StackedAdam(self.parameters(), list(self._stacks().values()), lr=self.lr))
         return self.track_optimizer(torch.optim.Adam(self.parameters(), lr=self.lr, fused=fused or None))
 
 
@@ -727,5 +774,5 @@ def vae_members(module: nn.Module, where: Sequence[dict] | None = None) -> list[
     return [("", module)]
 
 
-__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_reconstruction", "active_latents", "vae_members",
-           "ENCODER_WIDTHS", "DECODER_WIDTHS", "ACTIVE_THRESHOLD"]
+__all__ = ["BetaVAE", "BetaVAESweep", "gaussian_kl", "bernoulli_nll", "bernoulli_reconstruction", "active_latents",
+           "vae_members", "ENCODER_WIDTHS", "DECODER_WIDTHS", "ACTIVE_THRESHOLD"]
