@@ -10,9 +10,10 @@ from the model), shrinks like ``1/B``.
 
 Per-sample gradients come from ``torch.func`` (``vmap`` of ``grad`` of a ``functional_call``),
 a chunk of samples at a time so that memory stays bounded (``chunk_size`` samples x the number
-of selected parameters are held at once). For ``nn.Linear`` layers the sum of squared
-per-sample gradients has an exact closed form, ``(delta^2)^T (a^2)`` (output gradients and
-inputs per sample), which ``method="auto"`` (the default) uses instead of materialising them.
+of selected parameters are held at once), or, where that is faster (wide layers on a CPU), from
+one backward pass per sample. For ``nn.Linear`` layers the sum of squared per-sample gradients
+has an exact closed form, ``(delta^2)^T (a^2)`` (output gradients and inputs per sample), which
+``method="auto"`` (the default) uses instead of materialising them.
 Pure torch, no Lightning: usable from a notebook.
 
 Two estimators (``mode``):
@@ -54,6 +55,13 @@ _MODES = ("empirical", "sampled")
 # 8 samples a chunk ran 2-3x faster than 12 or more (which spill out of a 32 MB L3). A GPU wants
 # large chunks (fewer kernel launches) and has the memory for them.
 _CHUNK_ELEMENTS = {"cpu": 6_000_000, "cuda": 2**27}
+# per-sample gradient entries above which method="auto" takes one backward pass per sample on a CPU
+# instead of vmap. vmap's per-call cost (~1 ms) is shared by a chunk, but its batched outer products
+# (bmm with an inner dimension of 1) and a chunk of per-sample gradients that outgrows the cache
+# cost ~3 ns per entry and sample, three times a backward pass of one sample, whose ~0.4 ms of
+# overhead is its own. bench/bench_fisher.py, 1 thread: vmap 2-10x faster than the loop below
+# ~40k entries, level at ~100k-250k, 0.25-0.8x at 785k (784-1000-5).
+_LOOP_WIDTH = 2**17
 
 
 # -- parameter selection ----------------------------------------------------------------------------
@@ -220,6 +228,16 @@ def _linear_pass(module: nn.Module, state: tuple[dict[str, Tensor], dict[str, Te
     return result
 
 
+def _looped_grads(loss_one: Callable, theta: dict[str, Tensor], x: Tensor, y: Tensor
+                  ) -> Iterable[dict[str, Tensor | None]]:
+    """Per-sample gradients, one backward pass per sample (``None``: the loss does not use it)."""
+    names, leaves = list(theta), [p.detach().requires_grad_() for p in theta.values()]
+    for i in range(x.shape[0]):
+        with torch.enable_grad():
+            loss = loss_one(dict(zip(names, leaves)), x[i], y[i])
+        yield dict(zip(names, torch.autograd.grad(loss, leaves, allow_unused=True)))
+
+
 def fisher_diagonal(
     module: nn.Module,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
@@ -232,7 +250,7 @@ def fisher_diagonal(
     generator: torch.Generator | None = None,
     chunk_size: int | None = None,
     likelihood: Likelihood | None = None,
-    method: Literal["auto", "vmap"] = "auto",
+    method: Literal["auto", "vmap", "loop"] = "auto",
 ) -> dict[str, Tensor]:
     """Diagonal Fisher ``F = mean_n (d loss_n / d theta)^2`` of the selected parameters.
 
@@ -264,21 +282,26 @@ def fisher_diagonal(
             ``"gaussian"`` or a callable ``(output (B, ...), generator) -> target (B, ...)``;
             default inferred from the labels (integer -> categorical, floating -> gaussian).
         method: ``"vmap"``: every selected parameter's per-sample gradients from ``torch.func``
-            (``vmap`` of ``grad``), materialised a chunk at a time. ``"auto"`` (default): the
-            same, except for the weight and bias of an ``nn.Linear`` layer called once per
-            forward on a (B, in) input: there the per-sample gradient is the outer product
+            (``vmap`` of ``grad``), materialised a chunk at a time. ``"loop"``: one backward
+            pass per sample, each gradient squared into the sum as it comes (the definition).
+            ``"auto"`` (default): for the weight and bias of an ``nn.Linear`` layer called once
+            per forward on a (B, in) input, the per-sample gradient is the outer product
             ``delta_n a_n^T`` of the output gradient and the input, so
             ``sum_n (delta_n a_n^T)^2 = (delta^2)^T (a^2)``, one matrix product, exact, without
-            materialising the gradients (``bench/bench_fisher.py``, 784-1000-5 network, 2 CPU
-            cores: ~30x faster than ``"vmap"``, ~20x faster than a per-sample autograd loop).
+            materialising the gradients (``bench/bench_fisher.py``, 784-1000-5 network, 1 CPU
+            thread: level with a hand-written closed form, ~20x faster than a per-sample loop);
+            the other parameters take ``"vmap"`` on a GPU or while their per-sample
+            gradient has at most ``2^17`` entries, ``"loop"`` above that on a CPU (there vmap's
+            batched outer products and out-of-cache chunks cost more than a backward pass per
+            sample: 0.25-0.8x the loop's speed at 785k entries).
 
     Returns:
         name -> ``F`` with the parameter's shape, dtype and device.
     """
     if mode not in _MODES:
         raise ValueError(f"fisher_diagonal: mode = {mode!r}; allowed: 'empirical' or 'sampled'")
-    if method not in ("auto", "vmap"):
-        raise ValueError(f"fisher_diagonal: method = {method!r}; allowed: 'auto' or 'vmap'")
+    if method not in ("auto", "vmap", "loop"):
+        raise ValueError(f"fisher_diagonal: method = {method!r}; allowed: 'auto', 'vmap' or 'loop'")
     if max_samples is not None and (isinstance(max_samples, bool) or int(max_samples) != max_samples
                                     or max_samples < 1):
         raise ValueError(f"fisher_diagonal: max_samples = {max_samples!r}; allowed: a positive integer or None (all)")
@@ -299,6 +322,7 @@ def fisher_diagonal(
     # the Linear layers take the closed form unless the first chunk shows they do not qualify
     linear = _linear_layers(module, params) if method == "auto" else {}
     planned = False
+    looped: bool | None = None  # the non-closed-form parameters: one backward pass per sample
     vmapped, constants = dict(params), fixed  # what vmap differentiates, and everything else
 
     def loss_one(theta: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -368,13 +392,25 @@ def fisher_diagonal(
                     constants = {**fixed, **{n: p for n, p in params.items() if n in fast}}
                     planned = True
                 if vmapped:
-                    g = per_sample_grads(vmapped, xc, yc)
-                    for n in vmapped:
-                        sq = g[n].square_().sum(0)  # g is ours: square in place, one pass less
-                        if n in partial:
-                            partial[n] += sq
-                        else:
-                            partial[n] = sq
+                    if looped is None:  # the first chunk: vmap or one backward pass per sample
+                        width = sum(p.numel() for p in vmapped.values())
+                        looped = method == "loop" or (method == "auto" and device.type != "cuda"
+                                                      and width > _LOOP_WIDTH)
+                    if looped:
+                        rows = _looped_grads(loss_one, vmapped, xc, yc)
+                    else:
+                        g = per_sample_grads(vmapped, xc, yc)
+                        rows = ({n: g[n][i] for n in g} for i in range(b - a))
+                    # square and sum one sample at a time: addcmul_ reads a gradient once, where
+                    # square_().sum(0) of the chunk passed over it three times (2-5x slower)
+                    for row in rows:
+                        for n, r in row.items():
+                            if r is None:
+                                continue
+                            acc = partial.get(n)
+                            if acc is None:
+                                acc = partial[n] = torch.zeros_like(vmapped[n])
+                            acc.addcmul_(r, r)
                     unflushed += b - a
                     if unflushed >= 256:
                         for n, s in partial.items():
