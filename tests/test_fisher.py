@@ -157,6 +157,10 @@ def test_vmap_chunks_and_the_wide_layer_loop_equal_a_per_sample_loop_in_float32(
         for n, F in fisher_diagonal(net, ce, (x, y), chunk_size=16).items():
             assert torch.allclose(F, expect[n], rtol=1e-5, atol=1e-8), (limit, n)
         assert looped == calls  # 4 entries: vmap; over the limit: chunks of 16, 16, 8 samples looped
+    net[2].gain.requires_grad_(False)  # frozen: the loop differentiates a detached copy instead
+    for n, F in fisher_diagonal(net, ce, (x, y), method="loop").items():
+        assert torch.allclose(F, expect[n], rtol=1e-5, atol=1e-8), n
+    assert not net[2].gain.requires_grad and all(p.grad is None for p in net.parameters())
 
 
 def test_accepts_lists_of_tuples_and_dict_batches():
