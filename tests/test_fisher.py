@@ -163,6 +163,15 @@ def test_vmap_chunks_and_the_wide_layer_loop_equal_a_per_sample_loop_in_float32(
     assert not net[2].gain.requires_grad and all(p.grad is None for p in net.parameters())
 
 
+def test_closed_form_under_an_in_place_activation():
+    # the probe is added to a Linear's output in place; an in-place ReLU after it must still see
+    # (and differentiate) the sum, as it would the plain output
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)).double()
+    x, y = data(30)
+    assert_same(fisher_diagonal(net, ce, (x, y), chunk_size=7), loop_fisher(net, ce, x, y))
+
+
 def test_accepts_lists_of_tuples_and_dict_batches():
     net = mlp()
     x, y = data(20)
