@@ -59,8 +59,9 @@ _CHUNK_ELEMENTS = {"cpu": 6_000_000, "cuda": 2**27}
 # instead of vmap. vmap's per-call cost (~1 ms) is shared by a chunk, but its batched outer products
 # (bmm with an inner dimension of 1) and a chunk of per-sample gradients that outgrows the cache
 # cost ~3 ns per entry and sample, three times a backward pass of one sample, whose ~0.4 ms of
-# overhead is its own. bench/bench_fisher.py, 1 thread: vmap 2-10x faster than the loop below
-# ~40k entries, level at ~100k-250k, 0.25-0.8x at 785k (784-1000-5).
+# overhead is its own. Measured at 1 thread (sigmoid MLPs, 2-core EPYC, 32 MB L3): vmap 5-10x the
+# loop's speed at 3k-10k entries, 1.6-3x at 40k (bench_fisher's 784-50-5), level at ~100k-250k,
+# 0.25-0.8x at 785k (784-1000-5).
 _LOOP_WIDTH = 2**17
 
 
