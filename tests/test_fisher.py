@@ -149,8 +149,8 @@ def test_vmap_chunks_and_the_wide_layer_loop_equal_a_per_sample_loop_in_float32(
         for n, F in fisher_diagonal(net, ce, (x, y), method="vmap", chunk_size=chunk).items():
             assert torch.allclose(F, expect[n], rtol=1e-5, atol=1e-8), (chunk, n)
     looped = []  # the parameters of each chunk that went through the per-sample loop
-    real = fisher_module._looped_grads
-    monkeypatch.setattr(fisher_module, "_looped_grads", lambda *a: looped.append(list(a[1])) or real(*a))
+    real = fisher_module._looped_squares
+    monkeypatch.setattr(fisher_module, "_looped_squares", lambda *a: looped.append(list(a[1])) or real(*a))
     for limit, calls in ((fisher_module._LOOP_WIDTH, []), (3, [["2.gain"]] * 3)):
         monkeypatch.setattr(fisher_module, "_LOOP_WIDTH", limit)
         looped.clear()

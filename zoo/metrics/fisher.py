@@ -232,22 +232,33 @@ def _linear_pass(module: nn.Module, state: tuple[dict[str, Tensor], dict[str, Te
     return result
 
 
-def _looped_grads(loss_one: Callable, own: dict[str, Tensor], x: Tensor, y: Tensor
-                  ) -> Iterable[dict[str, Tensor | None]]:
-    """Per-sample gradients of the module's parameters ``own``, one backward pass per sample
-    (``None``: the loss does not use it). Where they all require gradients, the module is called
-    as it is (``loss_one(None, ...)``): ``functional_call``'s swap of its parameters cost ~15% of
-    a sample's time (784-1000-5); ``torch.autograd.grad`` leaves their ``.grad`` alone."""
+def _add_squares(partial: dict[str, Tensor], grads: Iterable[tuple[str, Tensor | None]]) -> None:
+    """``partial[n] += g^2`` for one sample's gradients (``None``: the loss does not use it).
+    addcmul_ reads a gradient once, where square_().sum(0) over a chunk of samples passed over
+    it three times (2-5x slower)."""
+    for n, g in grads:
+        if g is not None:
+            partial[n].addcmul_(g, g)
+
+
+def _looped_squares(loss_one: Callable, own: dict[str, Tensor], x: Tensor, y: Tensor,
+                    partial: dict[str, Tensor]) -> None:
+    """Squared per-sample gradients of the module's parameters ``own`` added to ``partial``, one
+    backward pass per sample. Where they all require gradients, the module is called as it is
+    (``loss_one(None, ...)``): ``functional_call``'s swap of its parameters cost ~15% of a
+    sample's time (784-1000-5); ``torch.autograd.grad`` leaves their ``.grad`` alone. A sample's
+    gradients are dropped before the next backward pass, so the allocator hands the next one the
+    same, cached, memory."""
     names = list(own)
     if all(p.requires_grad for p in own.values()):
         leaves, theta = list(own.values()), None
     else:
         leaves = [p.detach().requires_grad_() for p in own.values()]
         theta = dict(zip(names, leaves))
-    for i in range(x.shape[0]):
-        with torch.enable_grad():
+    with torch.enable_grad():
+        for i in range(x.shape[0]):
             loss = loss_one(theta, x[i], y[i])
-        yield dict(zip(names, torch.autograd.grad(loss, leaves, allow_unused=True)))
+            _add_squares(partial, zip(names, torch.autograd.grad(loss, leaves, allow_unused=True)))
 
 
 def fisher_diagonal(
@@ -379,7 +390,9 @@ def fisher_diagonal(
                 width = (sum(p.numel() for p in vmapped.values()) if planned and vmapped else
                          sum(m.in_features + m.out_features for m, _ in linear.values()) if planned else
                          sum(p.numel() for p in params.values()))
-                b = min(take, a + (int(chunk_size) if chunk_size is not None else max(1, budget // max(width, 1))))
+                # the loop holds one sample's gradients whatever the chunk: chunks of the flush interval
+                b = min(take, a + (int(chunk_size) if chunk_size is not None else 256 if looped
+                                   else max(1, budget // max(width, 1))))
                 xc = x[a:b]
                 if mode == "sampled":
                     with torch.no_grad():
@@ -411,26 +424,19 @@ def fisher_diagonal(
                         width = sum(p.numel() for p in vmapped.values())
                         looped = method == "loop" or (method == "auto" and device.type != "cuda"
                                                       and width > _LOOP_WIDTH)
+                        partial = {n: torch.zeros_like(p) for n, p in vmapped.items()}
                     if looped:
-                        rows = _looped_grads(loss_one, {n: chosen[n] for n in vmapped}, xc, yc)
+                        _looped_squares(loss_one, {n: chosen[n] for n in vmapped}, xc, yc, partial)
                     else:
                         g = per_sample_grads(vmapped, xc, yc)
-                        rows = ({n: g[n][i] for n in g} for i in range(b - a))
-                    # square and sum one sample at a time: addcmul_ reads a gradient once, where
-                    # square_().sum(0) of the chunk passed over it three times (2-5x slower)
-                    for row in rows:
-                        for n, r in row.items():
-                            if r is None:
-                                continue
-                            acc = partial.get(n)
-                            if acc is None:
-                                acc = partial[n] = torch.zeros_like(vmapped[n])
-                            acc.addcmul_(r, r)
+                        for i in range(b - a):
+                            _add_squares(partial, ((n, g[n][i]) for n in g))
                     unflushed += b - a
                     if unflushed >= 256:
                         for n, s in partial.items():
                             total[n] += s
-                        partial, unflushed = {}, 0
+                            s.zero_()
+                        unflushed = 0
                 a = b
             seen += take
         if seen == 0:
