@@ -11,6 +11,11 @@ saving must not change the run). Rounds interleave the two, each row gives the m
   written 10 times). Goal 0.98x, issue #17's target: checkpoints cost under ~2% of the run.
 * the quickstart's DeepLinearNet (1,000 steps of a tiny network in about a second), where
   Lightning's own per-save work weighs most. Goal 0.9x (a run this short may pay up to 10%).
+  A save of its 11 kB checkpoint costs ~1-2 ms on an idle core: collecting the state (~0.3 ms),
+  ``torch.save`` (~0.4 ms) and the rename onto the old file (0.1-0.8 ms: ext4 starts writing the
+  new file back when it replaces one). RunCheckpoint writes through
+  ``zoo.checkpoint.AtomicLocalCheckpointIO``, which saves the ~1-2 ms per save of Lightning's
+  default (an fsspec transaction through the system temp folder).
 
 The GPU column gives the same ratio (no checkpoint / RunCheckpoint) with the fits on a CUDA device.
 """
