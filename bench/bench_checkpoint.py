@@ -14,9 +14,9 @@ per ``--rounds``), each row gives the median times:
   Lightning's own per-save work weighs most. Goal 0.9x (a run this short may pay up to 10%).
   A save of its 11 kB checkpoint costs ~1-2 ms on an idle core: collecting the state (~0.3 ms),
   ``torch.save`` (~0.4 ms) and the rename onto the old file (0.1-0.8 ms: ext4 starts writing the
-  new file back when it replaces one). RunCheckpoint writes through
-  ``zoo.checkpoint.AtomicLocalCheckpointIO``, which saves the ~1-2 ms per save of Lightning's
-  default (an fsspec transaction through the system temp folder).
+  new file back when it replaces one): ten saves are ~2% of the fit. RunCheckpoint writes through
+  ``zoo.checkpoint.AtomicLocalCheckpointIO`` (~0.2 ms a save less than Lightning's fsspec
+  transaction through the system temp folder).
 
 The GPU column gives the same ratio (no checkpoint / RunCheckpoint) with the fits on a CUDA device.
 """

@@ -25,8 +25,9 @@ Files are written by :class:`AtomicLocalCheckpointIO` while the callback is atta
 trainer was given a checkpoint plugin of its own): the bytes go to a file beside the target,
 which is then renamed onto it, so a run killed at any moment leaves the previous ``last.ckpt`` or
 the new one, whole. Lightning's default writes a temporary file in the system's temp folder and
-moves it, which costs ~2 ms a save more (fsspec's transaction) and, where that folder is on
-another file system, ends in a copy onto the target that a kill can leave half-written.
+moves it (an fsspec transaction, ~0.2 ms a save more: 0.78 against 0.61 ms for the quickstart's
+11 kB); where that folder is on another file system, the move is a copy onto the target that a
+kill can leave half-written.
 """
 from __future__ import annotations
 
