@@ -1,4 +1,4 @@
-"""zoo.checkpoint.AtomicLocalCheckpointIO: whole files or none, and RunCheckpoint's use of it."""
+"""zoo.checkpoint.AtomicLocalCheckpointIO: whole files or none, and RunCheckpoint's use of it (and its state key)."""
 from __future__ import annotations
 
 import os
@@ -6,6 +6,7 @@ import os
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from zoo.checkpoint import AtomicLocalCheckpointIO, RunCheckpoint
@@ -74,7 +75,10 @@ def test_run_checkpoint_saves_through_it_and_gives_the_trainers_io_back(tmp_path
     cb, before, trainer = _fit(tmp_path)
     assert cb.seen and set(cb.seen) == {AtomicLocalCheckpointIO}
     assert trainer.strategy.checkpoint_io is before and type(before) is TorchCheckpointIO
-    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 6
+    # the callback's state under ModelCheckpoint's own key (RunCheckpoint builds it once only)
+    assert list(ckpt["callbacks"]) == [ModelCheckpoint.state_key.fget(cb)] == [cb.state_key]
     assert os.listdir(tmp_path / "checkpoints") == ["last.ckpt"]
 
 

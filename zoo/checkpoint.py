@@ -92,6 +92,7 @@ class RunCheckpoint(ModelCheckpoint):
         self._epoch_due = False
         self._saved_step: int | None = None  # global_step of this run's last save
         self._replaced_io: TorchCheckpointIO | None = None  # the trainer's own, put back at teardown
+        self._state_key: str | None = None
 
     # ---- how files are written ------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -179,6 +180,14 @@ class RunCheckpoint(ModelCheckpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
         return True
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's key (its settings' repr), built once: Lightning formats it for every hook
+        call of every batch (~1,300 a quickstart run), and the settings it names never change here."""
+        if self._state_key is None:
+            self._state_key = super().state_key
+        return self._state_key
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
     def state_dict(self) -> dict:
