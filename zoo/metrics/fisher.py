@@ -256,9 +256,8 @@ def _looped_squares(loss_one: Callable, own: dict[str, Tensor], x: Tensor, y: Te
     accs = [partial[n] for n in names]
     with torch.enable_grad():
         for i in range(x.shape[0]):
-            # the gradients live only in this zip: freed before the next backward pass, so that its
-            # (1000 x 784) outer product lands in the same, cached, memory (held one sample longer,
-            # the backward's matrix products ran 5x slower, 784-1000-5)
+            # the gradients live only in this zip: freed before the next backward pass, as in a
+            # hand-written loop, so that no two samples' gradients are held at once
             for acc, g in zip(accs, torch.autograd.grad(loss_one(theta, x[i:i + 1], y[i], True), leaves,
                                                         allow_unused=True)):
                 if g is not None:
