@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from zoo.metrics import fisher as fisher_module
 from zoo.metrics.fisher import fisher_diagonal, fisher_summary, select_parameters
 
 # tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
@@ -100,7 +101,7 @@ def assert_same(F: dict[str, torch.Tensor], G: dict[str, torch.Tensor]) -> None:
         assert torch.allclose(F[n], G[n], rtol=RTOL, atol=ATOL), n
 
 
-@pytest.mark.parametrize("method", ["auto", "vmap"])
+@pytest.mark.parametrize("method", ["auto", "vmap", "loop"])
 @pytest.mark.parametrize("name", ["mlp", "shared", "tokens"])
 def test_equals_a_per_sample_autograd_loop(name, method):
     net = models()[name]
@@ -126,7 +127,7 @@ def test_sampled_mode_uses_the_drawn_labels_per_sample():
     assert_same(F, loop_fisher(net, ce, x, torch.cat(drawn)))
 
 
-@pytest.mark.parametrize("method", ["auto", "vmap"])
+@pytest.mark.parametrize("method", ["auto", "vmap", "loop"])
 def test_does_not_change_with_the_loaders_batch_size(method):
     net = models()["shared" if method == "vmap" else "mlp"]
     x, y = data(64)
@@ -134,6 +135,41 @@ def test_does_not_change_with_the_loaders_batch_size(method):
     assert_same(Fs[0], Fs[1])
     assert_same(Fs[0], Fs[2])
     assert_same(Fs[0], fisher_diagonal(net, ce, (x, y), method=method, chunk_size=5))
+
+
+def test_vmap_chunks_and_the_wide_layer_loop_equal_a_per_sample_loop_in_float32(monkeypatch):
+    # float32 as bench_fisher: vmap's per-sample squares are summed a sample at a time within
+    # chunks of any size (1, 3, 16 or the default), and "auto" sends a Scale layer wider than the
+    # vmap limit (lowered here to 3 entries) through one backward pass per sample
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), Scale(4), nn.Linear(4, 3))
+    x, y = (t.float() if t.is_floating_point() else t for t in data(40))
+    expect = loop_fisher(net, ce, x, y)
+    for chunk in (1, 3, 16, None):
+        for n, F in fisher_diagonal(net, ce, (x, y), method="vmap", chunk_size=chunk).items():
+            assert torch.allclose(F, expect[n], rtol=1e-5, atol=1e-8), (chunk, n)
+    looped = []  # the parameters of each chunk that went through the per-sample loop
+    real = fisher_module._looped_squares
+    monkeypatch.setattr(fisher_module, "_looped_squares", lambda *a: looped.append(list(a[1])) or real(*a))
+    for limit, calls in ((fisher_module._LOOP_WIDTH, []), (3, [["2.gain"]] * 3)):
+        monkeypatch.setattr(fisher_module, "_LOOP_WIDTH", limit)
+        looped.clear()
+        for n, F in fisher_diagonal(net, ce, (x, y), chunk_size=16).items():
+            assert torch.allclose(F, expect[n], rtol=1e-5, atol=1e-8), (limit, n)
+        assert looped == calls  # 4 entries: vmap; over the limit: chunks of 16, 16, 8 samples looped
+    net[2].gain.requires_grad_(False)  # frozen: the loop differentiates a detached copy instead
+    for n, F in fisher_diagonal(net, ce, (x, y), method="loop").items():
+        assert torch.allclose(F, expect[n], rtol=1e-5, atol=1e-8), n
+    assert not net[2].gain.requires_grad and all(p.grad is None for p in net.parameters())
+
+
+def test_closed_form_under_an_in_place_activation():
+    # the probe is added to a Linear's output in place; an in-place ReLU after it must still see
+    # (and differentiate) the sum, as it would the plain output
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)).double()
+    x, y = data(30)
+    assert_same(fisher_diagonal(net, ce, (x, y), chunk_size=7), loop_fisher(net, ce, x, y))
 
 
 def test_accepts_lists_of_tuples_and_dict_batches():
@@ -282,7 +318,7 @@ def test_leaves_the_module_unchanged():
     assert all(not m._forward_hooks for m in net.modules())
 
 
-@pytest.mark.parametrize("method", ["auto", "vmap"])
+@pytest.mark.parametrize("method", ["auto", "vmap", "loop"])
 def test_works_under_no_grad_and_inference_mode(method):
     # EWC consolidates from Lightning hooks, some of which run under no_grad or inference_mode
     net = mlp()
@@ -309,7 +345,7 @@ def test_summary_statistics():
     ({"max_samples": -3}, "max_samples"),
     ({"max_samples": 2.5}, "max_samples"),
     ({"mode": "true"}, "mode"),
-    ({"method": "loop"}, "method"),
+    ({"method": "closed"}, "method"),
     ({"include": "nothing*"}, "select no parameter"),
     ({"exclude": "*"}, "select no parameter"),
     ({"chunk_size": 0}, "chunk_size"),
@@ -343,7 +379,7 @@ def test_on_the_gpu_equals_the_cpu():
     net = mlp()
     x, y = data()
     cpu = fisher_diagonal(net, ce, (x, y))
-    for method in ("auto", "vmap"):
+    for method in ("auto", "vmap", "loop"):
         gpu = fisher_diagonal(net.cuda(), ce, (x, y), method=method)  # data moved to the module's device
         assert all(v.device.type == "cuda" for v in gpu.values())
         assert_same({n: v.cpu() for n, v in gpu.items()}, cpu)

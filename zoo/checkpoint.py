@@ -20,16 +20,54 @@ own in ``trainer.callbacks`` for more.
 It is a ``ModelCheckpoint`` so that Lightning adds no default one and resolves the run folder's
 ``checkpoints/`` for it; the saves themselves go through public API only (``trainer.save_checkpoint``,
 ``format_checkpoint_name``, ``last_model_path``), none of the base class's protected helpers.
+
+Files are written by :class:`AtomicLocalCheckpointIO` while the callback is attached (unless the
+trainer was given a checkpoint plugin of its own): the bytes go to a file beside the target,
+which is then renamed onto it, so a run killed at any moment leaves the previous ``last.ckpt`` or
+the new one, whole. Lightning's default writes a temporary file in the system's temp folder and
+moves it (an fsspec transaction, ~0.2 ms a save more: 0.78 against 0.61 ms for the quickstart's
+11 kB); where that folder is on another file system, the move is a copy onto the target that a
+kill can leave half-written.
 """
 from __future__ import annotations
 
+import io
 import math
+import os
+from typing import Any
 from weakref import proxy
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class AtomicLocalCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose saves to a local path are atomic and cheap: ``torch.save`` into
+    memory, the bytes written to ``<path>.part-<pid>`` in the same folder, then ``os.replace`` onto
+    ``path`` (one rename within a file system: readers see the old file or the new, never a part).
+    URLs and ``storage_options`` go to Lightning's own save. No ``fsync``, as Lightning's: a killed
+    process cannot tear the file, a power cut before the kernel writes it back could."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        part = f"{path}.part-{os.getpid()}"
+        try:
+            with open(part, "wb") as f:
+                f.write(buffer.getbuffer())
+            os.replace(part, path)
+        except BaseException:
+            if os.path.exists(part):
+                os.remove(part)
+            raise
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -53,6 +91,21 @@ class RunCheckpoint(ModelCheckpoint):
         self._prev_step = 0
         self._epoch_due = False
         self._saved_step: int | None = None  # global_step of this run's last save
+        self._replaced_io: TorchCheckpointIO | None = None  # the trainer's own, put back at teardown
+        self._state_key: str | None = None
+
+    # ---- how files are written ------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._replaced_io = None
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, no plugin given
+            self._replaced_io = trainer.strategy.checkpoint_io
+            trainer.strategy.checkpoint_io = AtomicLocalCheckpointIO()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._replaced_io is not None:
+            trainer.strategy.checkpoint_io, self._replaced_io = self._replaced_io, None
+        super().teardown(trainer, pl_module, stage)
 
     # ---- schedule -----------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -127,6 +180,14 @@ class RunCheckpoint(ModelCheckpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
         return True
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's key (its settings' repr), built once: Lightning formats it for every hook
+        call of every batch (~1,300 a quickstart run), and the settings it names never change here."""
+        if self._state_key is None:
+            self._state_key = super().state_key
+        return self._state_key
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
     def state_dict(self) -> dict:

@@ -10,9 +10,10 @@ from the model), shrinks like ``1/B``.
 
 Per-sample gradients come from ``torch.func`` (``vmap`` of ``grad`` of a ``functional_call``),
 a chunk of samples at a time so that memory stays bounded (``chunk_size`` samples x the number
-of selected parameters are held at once). For ``nn.Linear`` layers the sum of squared
-per-sample gradients has an exact closed form, ``(delta^2)^T (a^2)`` (output gradients and
-inputs per sample), which ``method="auto"`` (the default) uses instead of materialising them.
+of selected parameters are held at once), or, where that is faster (wide layers on a CPU), from
+one backward pass per sample. For ``nn.Linear`` layers the sum of squared per-sample gradients
+has an exact closed form, ``(delta^2)^T (a^2)`` (output gradients and inputs per sample), which
+``method="auto"`` (the default) uses instead of materialising them.
 Pure torch, no Lightning: usable from a notebook.
 
 Two estimators (``mode``):
@@ -54,6 +55,14 @@ _MODES = ("empirical", "sampled")
 # 8 samples a chunk ran 2-3x faster than 12 or more (which spill out of a 32 MB L3). A GPU wants
 # large chunks (fewer kernel launches) and has the memory for them.
 _CHUNK_ELEMENTS = {"cpu": 6_000_000, "cuda": 2**27}
+# per-sample gradient entries above which method="auto" takes one backward pass per sample on a CPU
+# instead of vmap. vmap's per-call cost (~1 ms) is shared by a chunk, but its batched outer products
+# (bmm with an inner dimension of 1) and a chunk of per-sample gradients that outgrows the cache
+# cost ~3 ns per entry and sample, three times a backward pass of one sample, whose ~0.4 ms of
+# overhead is its own. Measured at 1 thread (sigmoid MLPs, 2-core EPYC, 32 MB L3): vmap 5-10x the
+# loop's speed at 3k-10k entries, 1.6-3x at 40k (bench_fisher's 784-50-5), level at ~100k-250k,
+# 0.25-0.8x at 785k (784-1000-5).
+_LOOP_WIDTH = 2**17
 
 
 # -- parameter selection ----------------------------------------------------------------------------
@@ -195,10 +204,13 @@ def _linear_pass(module: nn.Module, state: tuple[dict[str, Tensor], dict[str, Te
               for p, (m, _) in layers.items()}
 
     def hook_for(prefix: str):
-        def hook(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+        def hook(mod: nn.Module, inputs: tuple, output: Tensor) -> None:
             seen[prefix].append(inputs[0].detach())
             probe = probes[prefix]
-            return output + probe if len(seen[prefix]) == 1 and output.shape == probe.shape else output
+            if len(seen[prefix]) == 1 and output.shape == probe.shape:
+                # in place: the layer's backward does not read its output, and a new (B, out) sum
+                # cost ~5% of the closed form's time (bench_fisher)
+                output.add_(probe)
         return hook
 
     handles = [m.register_forward_hook(hook_for(p)) for p, (m, _) in layers.items()]
@@ -220,6 +232,38 @@ def _linear_pass(module: nn.Module, state: tuple[dict[str, Tensor], dict[str, Te
     return result
 
 
+def _add_squares(partial: dict[str, Tensor], grads: Iterable[tuple[str, Tensor | None]]) -> None:
+    """``partial[n] += g^2`` for one sample's gradients (``None``: the loss does not use it).
+    addcmul_ reads a gradient once, where square_().sum(0) over a chunk of samples passed over
+    it three times (2-5x slower)."""
+    for n, g in grads:
+        if g is not None:
+            partial[n].addcmul_(g, g)
+
+
+def _looped_squares(loss_one: Callable, own: dict[str, Tensor], x: Tensor, y: Tensor,
+                    partial: dict[str, Tensor]) -> None:
+    """Squared per-sample gradients of the module's parameters ``own`` added to ``partial``, one
+    backward pass per sample. Where they all require gradients, the module is called as it is
+    (``loss_one(None, ...)``): ``functional_call``'s swap of its parameters cost ~15% of a
+    sample's time (784-1000-5); ``torch.autograd.grad`` leaves their ``.grad`` alone."""
+    names = list(own)
+    if all(p.requires_grad for p in own.values()):
+        leaves, theta = list(own.values()), None
+    else:
+        leaves = [p.detach().requires_grad_() for p in own.values()]
+        theta = dict(zip(names, leaves))
+    accs = [partial[n] for n in names]
+    with torch.enable_grad():
+        for i in range(x.shape[0]):
+            # the gradients live only in this zip: freed before the next backward pass, as in a
+            # hand-written loop, so that no two samples' gradients are held at once
+            for acc, g in zip(accs, torch.autograd.grad(loss_one(theta, x[i:i + 1], y[i], True), leaves,
+                                                        allow_unused=True)):
+                if g is not None:
+                    acc.addcmul_(g, g)
+
+
 def fisher_diagonal(
     module: nn.Module,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
@@ -232,7 +276,7 @@ def fisher_diagonal(
     generator: torch.Generator | None = None,
     chunk_size: int | None = None,
     likelihood: Likelihood | None = None,
-    method: Literal["auto", "vmap"] = "auto",
+    method: Literal["auto", "vmap", "loop"] = "auto",
 ) -> dict[str, Tensor]:
     """Diagonal Fisher ``F = mean_n (d loss_n / d theta)^2`` of the selected parameters.
 
@@ -264,21 +308,26 @@ def fisher_diagonal(
             ``"gaussian"`` or a callable ``(output (B, ...), generator) -> target (B, ...)``;
             default inferred from the labels (integer -> categorical, floating -> gaussian).
         method: ``"vmap"``: every selected parameter's per-sample gradients from ``torch.func``
-            (``vmap`` of ``grad``), materialised a chunk at a time. ``"auto"`` (default): the
-            same, except for the weight and bias of an ``nn.Linear`` layer called once per
-            forward on a (B, in) input: there the per-sample gradient is the outer product
+            (``vmap`` of ``grad``), materialised a chunk at a time. ``"loop"``: one backward
+            pass per sample, each gradient squared into the sum as it comes (the definition).
+            ``"auto"`` (default): for the weight and bias of an ``nn.Linear`` layer called once
+            per forward on a (B, in) input, the per-sample gradient is the outer product
             ``delta_n a_n^T`` of the output gradient and the input, so
             ``sum_n (delta_n a_n^T)^2 = (delta^2)^T (a^2)``, one matrix product, exact, without
-            materialising the gradients (``bench/bench_fisher.py``, 784-1000-5 network, 2 CPU
-            cores: ~30x faster than ``"vmap"``, ~20x faster than a per-sample autograd loop).
+            materialising the gradients (``bench/bench_fisher.py``, 784-1000-5 network, 1 CPU
+            thread: level with a hand-written closed form, ~20x faster than a per-sample loop);
+            the other parameters take ``"vmap"`` on a GPU or while their per-sample
+            gradient has at most ``2^17`` entries, ``"loop"`` above that on a CPU (there vmap's
+            batched outer products and out-of-cache chunks cost more than a backward pass per
+            sample: 0.25-0.8x the loop's speed at 785k entries).
 
     Returns:
         name -> ``F`` with the parameter's shape, dtype and device.
     """
     if mode not in _MODES:
         raise ValueError(f"fisher_diagonal: mode = {mode!r}; allowed: 'empirical' or 'sampled'")
-    if method not in ("auto", "vmap"):
-        raise ValueError(f"fisher_diagonal: method = {method!r}; allowed: 'auto' or 'vmap'")
+    if method not in ("auto", "vmap", "loop"):
+        raise ValueError(f"fisher_diagonal: method = {method!r}; allowed: 'auto', 'vmap' or 'loop'")
     if max_samples is not None and (isinstance(max_samples, bool) or int(max_samples) != max_samples
                                     or max_samples < 1):
         raise ValueError(f"fisher_diagonal: max_samples = {max_samples!r}; allowed: a positive integer or None (all)")
@@ -299,10 +348,14 @@ def fisher_diagonal(
     # the Linear layers take the closed form unless the first chunk shows they do not qualify
     linear = _linear_layers(module, params) if method == "auto" else {}
     planned = False
+    looped: bool | None = None  # the non-closed-form parameters: one backward pass per sample
     vmapped, constants = dict(params), fixed  # what vmap differentiates, and everything else
 
-    def loss_one(theta: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        out = functional_call(module, (theta, constants), (x.unsqueeze(0),))
+    def loss_one(theta: dict[str, Tensor] | None, x: Tensor, y: Tensor, batched: bool = False) -> Tensor:
+        """One sample's loss at ``theta`` (None: the module's own parameters, as they are); ``x`` is
+        the sample, or a batch of it alone if ``batched``."""
+        batch = x if batched else x.unsqueeze(0)
+        out = module(batch) if theta is None else functional_call(module, (theta, constants), (batch,))
         loss = loss_fn(out.squeeze(0), y)
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
@@ -320,7 +373,15 @@ def fisher_diagonal(
     # callable from validation hooks: inference mode off (autograd is needed), a no_grad context
     # is fine (grad and the closed form's pass switch gradients on themselves)
     with torch.inference_mode(False):
-        total = {n: torch.zeros(p.shape, dtype=torch.float64, device=device) for n, p in params.items()}
+        # float64 sums, made at their first term (a float64 copy of it: a zeroed array and an add
+        # cost ~3 ms a call for 785k entries, 5% of bench_fisher's 500-sample rows)
+        total: dict[str, Tensor] = {}
+
+        def add(n: str, term: Tensor) -> None:
+            if n in total:
+                total[n] += term  # promoted to float64 in place, exact
+            else:
+                total[n] = term.to(torch.float64, copy=True)
         for x, y in _batches(data):
             if max_samples is not None and seen >= max_samples:
                 break
@@ -337,11 +398,15 @@ def fisher_diagonal(
             a = 0
             while a < take:
                 # gradient entries held at once: per-sample gradients of the vmapped parameters, or
-                # the Linear layers' inputs and output gradients
+                # the Linear layers' inputs, outputs, probes, output gradients and the backward's
+                # intermediates (~in + 4 out a layer: 1,034 samples a chunk for 784-1000-5, near the
+                # best chunk of bench_fisher's hand-written closed form, 1,000)
                 width = (sum(p.numel() for p in vmapped.values()) if planned and vmapped else
-                         sum(m.in_features + m.out_features for m, _ in linear.values()) if planned else
+                         sum(m.in_features + 4 * m.out_features for m, _ in linear.values()) if planned else
                          sum(p.numel() for p in params.values()))
-                b = min(take, a + (int(chunk_size) if chunk_size is not None else max(1, budget // max(width, 1))))
+                # the loop holds one sample's gradients whatever the chunk: chunks of the flush interval
+                b = min(take, a + (int(chunk_size) if chunk_size is not None else 256 if looped
+                                   else max(1, budget // max(width, 1))))
                 xc = x[a:b]
                 if mode == "sampled":
                     with torch.no_grad():
@@ -361,32 +426,38 @@ def fisher_diagonal(
                         m, names = linear[prefix]
                         d2 = delta.detach().pow(2)
                         for n in names:
-                            total[n] += (d2.T @ inp.pow(2) if n.endswith("weight") else d2.sum(0)).to(torch.float64)
+                            # added in float64 in place (promoted, exact): no float64 copy of the block
+                            add(n, d2.T @ inp.pow(2) if n.endswith("weight") else d2.sum(0))
                 if not planned:
                     fast = {n for _, names in linear.values() for n in names}
                     vmapped = {n: p for n, p in params.items() if n not in fast}
                     constants = {**fixed, **{n: p for n, p in params.items() if n in fast}}
                     planned = True
                 if vmapped:
-                    g = per_sample_grads(vmapped, xc, yc)
-                    for n in vmapped:
-                        sq = g[n].square_().sum(0)  # g is ours: square in place, one pass less
-                        if n in partial:
-                            partial[n] += sq
-                        else:
-                            partial[n] = sq
+                    if looped is None:  # the first chunk: vmap or one backward pass per sample
+                        width = sum(p.numel() for p in vmapped.values())
+                        looped = method == "loop" or (method == "auto" and device.type != "cuda"
+                                                      and width > _LOOP_WIDTH)
+                        partial = {n: torch.zeros_like(p) for n, p in vmapped.items()}
+                    if looped:
+                        _looped_squares(loss_one, {n: chosen[n] for n in vmapped}, xc, yc, partial)
+                    else:
+                        g = per_sample_grads(vmapped, xc, yc)
+                        for i in range(b - a):
+                            _add_squares(partial, ((n, g[n][i]) for n in g))
                     unflushed += b - a
                     if unflushed >= 256:
                         for n, s in partial.items():
-                            total[n] += s
-                        partial, unflushed = {}, 0
+                            add(n, s)
+                            s.zero_()
+                        unflushed = 0
                 a = b
             seen += take
         if seen == 0:
             raise ValueError("fisher_diagonal: data holds no samples")
         for n, s in partial.items():
-            total[n] += s
-        return {n: (total[n] / seen).to(params[n].dtype) for n in total}
+            add(n, s)
+        return {n: total[n].div_(seen).to(params[n].dtype) for n in params}
 
 
 def fisher_summary(fisher: Mapping[str, Tensor] | Tensor, *, rtol: float = 1e-6) -> dict[str, float]:
