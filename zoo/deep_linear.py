@@ -475,6 +475,16 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         x, y = self._gd_batch(batch)
         data_parallel = not is_sharded(self) and self.trainer.world_size > 1
         start = [W.clone() for W in Ws] if self.steps_per_batch > 1 else None
+        lrs = None if data_parallel or len(Ws) != 2 or not updates.direct else plain_descent_rates(updates.step, params)
+        if lrs is not None:  # the steps as one loop, the update written into it (the optimizer's own)
+            with torch.no_grad():
+                first, D = self._two_layer.descend(Ws, x, y, lrs, self.steps_per_batch)
+                last = self._two_layer.loss(D) if start is not None else None
+            for W, g in zip(params, (self._two_layer.g1, self._two_layer.g2)):
+                W.grad = g  # as the optimizer's steps leave them: the last step's gradients
+            updates.count = self.steps_per_batch
+            updates.finish()
+            return first, last, start
         if len(Ws) == 2:
             gradients, loss = self._two_layer, self._two_layer.loss
         else:
@@ -615,6 +625,19 @@ def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tenso
     return D, grads
 
 
+def plain_descent_rates(step: Callable, params: list[Tensor]) -> list[float] | None:
+    """Each of ``params``' learning rates where ``step`` is the ``step`` of a
+    :class:`~zoo.gdln_fast.GradientDescent` (not a subclass's) that updates exactly ``params``, the
+    update :meth:`TwoLayerGradients.descend` writes out; None for any other optimizer."""
+    opt = getattr(step, "__self__", None)
+    if type(opt) is not GradientDescent or getattr(step, "__func__", None) is not GradientDescent.step:
+        return None
+    rates = {id(W): g["lr"] for g in opt.param_groups for W in g["params"]}
+    if len(rates) != len(params) or any(id(W) not in rates for W in params):
+        return None
+    return [rates[id(W)] for W in params]
+
+
 def half_mean_squared(D: Tensor) -> Tensor:
     """``1/(2N) sum_i |D_i|^2`` of residuals (E, N, n_out): each member's loss, (E,)."""
     return 0.5 * D.pow(2).sum(-1).mean(-1)
@@ -635,19 +658,45 @@ class TwoLayerGradients:
 
     def __call__(self, Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, list[Tensor]]:
         W1, W2 = Ws
+        self._allocate(W1, W2, x)
+        self._steps(W1, W2, x, y, 1, None)
+        return self.D, [self.g1, self.g2]
+
+    def descend(self, Ws: list[Tensor], x: Tensor, y: Tensor, lrs: list[float], steps: int) -> tuple[Tensor, Tensor]:
+        """``steps`` (>= 1) plain GD steps ``W <- W - lr dL/dW`` on ``Ws`` in place: each a call and
+        ``GradientDescent``'s update, the same operations (the same bits) without a call's checks and
+        the optimizer's Python per step. The first step's losses (E,), and the last step's residuals
+        (before its update; overwritten by the next call); the gradients returned by a call are the
+        last step's."""
+        W1, W2 = Ws
+        self._allocate(W1, W2, x)
+        self._steps(W1, W2, x, y, 1, lrs)
+        first = self.loss(self.D)
+        self._steps(W1, W2, x, y, steps - 1, lrs)
+        return first, self.D
+
+    def _allocate(self, W1: Tensor, W2: Tensor, x: Tensor) -> None:
         key = (W1.shape, W2.shape, x.shape, W1.dtype, W1.device)
         if key != self.key:
             self.key = key
             self.M, self.G = (W1.new_empty(*W2.shape[:-1], W1.shape[-1]) for _ in range(2))
             self.D, self.squares = (W1.new_empty(*x.shape[:-1], W2.shape[-2]) for _ in range(2))
             self.g1, self.g2 = torch.empty_like(W1), torch.empty_like(W2)
-        M, D, G = self.M, self.D, self.G
-        torch.matmul(W2, W1, out=M)
-        torch.matmul(x, M.mT, out=D).sub_(y)
-        torch.matmul(D.mT, x, out=G).div_(D.shape[-2])
-        torch.matmul(W2.mT, G, out=self.g1)
-        torch.matmul(G, W1.mT, out=self.g2)
-        return D, [self.g1, self.g2]
+
+    def _steps(self, W1: Tensor, W2: Tensor, x: Tensor, y: Tensor, steps: int, lrs: list[float] | None) -> None:
+        """``steps`` times: the products of a step into the kept tensors, then the update with the
+        learning rates ``lrs`` (None: none, the gradients only)."""
+        M, D, G, g1, g2 = self.M, self.D, self.G, self.g1, self.g2
+        lr1, lr2 = lrs if lrs is not None else (0.0, 0.0)
+        for _ in range(steps):
+            torch.matmul(W2, W1, out=M)
+            torch.matmul(x, M.mT, out=D).sub_(y)
+            torch.matmul(D.mT, x, out=G).div_(D.shape[-2])
+            torch.matmul(W2.mT, G, out=g1)
+            torch.matmul(G, W1.mT, out=g2)
+            if lrs is not None:  # GradientDescent's update (its order: the layers input to output)
+                W1.sub_(g1, alpha=lr1)
+                W2.sub_(g2, alpha=lr2)
 
     def loss(self, D: Tensor) -> Tensor:
         """:func:`half_mean_squared` of the residuals ``D`` of the last call."""
