@@ -8,6 +8,7 @@ import torch
 
 from datamodules import SemanticHierarchy, WhitenedRegression
 from zoo import DeepLinearNet, DivergenceError
+from zoo.gdln_fast import GradientDescent
 from zoo.init import Gaussian, LambdaBalanced
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -116,6 +117,46 @@ def test_direct_updates_give_the_bits_and_steps_of_updates_through_lightning(ste
         assert t.global_step == 12 and t.fit_loop.state_dict() == direct[0].fit_loop.state_dict()
         assert all(torch.equal(W, V) for W, V in zip(net.W, direct[1].W))
         assert torch.equal(t.callback_metrics["loss"], direct[0].callback_metrics["loss"])
+
+
+class BatchEndGradients(pl.Callback):
+    """The layers' ``.grad`` at the end of each batch."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen.append([W.grad.clone() for W in pl_module.W])
+
+
+class LayerRates(DeepLinearNet):
+    """A learning rate per layer, in two parameter groups listed output layer first."""
+
+    def configure_optimizers(self):
+        return GradientDescent([{"params": [self.W[1]], "lr": 0.03}, {"params": [self.W[0]]}], lr=self.lr)
+
+
+def test_layer_rates_of_gradient_descent_groups_in_one_loop_are_the_optimizers_steps():
+    """The steps in one loop read each layer's rate from the optimizer's groups: the bits of every
+    update through the optimizer's own step (a hook makes each one go through Lightning)."""
+    def run(callbacks=()):
+        grads = BatchEndGradients()
+        callbacks = [*callbacks, grads]
+        net = LayerRates(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.1), lr=0.05, steps_per_batch=5)
+        t = pl.Trainer(max_steps=15, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                       enable_model_summary=False, accelerator="cpu", devices=1, callbacks=list(callbacks))
+        t.fit(net, datamodule=SemanticHierarchy(batches_per_epoch=2))
+        return net, grads.seen
+    hook = EveryUpdate()
+    (one_loop, grads), (each_step, step_grads) = run(), run([hook])
+    assert hook.calls == 15
+    assert all(torch.equal(W, V) for W, V in zip(one_loop.W, each_step.W))
+    # what a callback sees in .grad after a batch: its last update's gradients, as the optimizer left them
+    assert len(grads) == 3 and all(torch.equal(a, b) for g, h in zip(grads, step_grads) for a, b in zip(g, h))
+    # and the rates differ per layer: a single rate would give other weights
+    single = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.1), lr=0.05, steps_per_batch=5)
+    fit(single, SemanticHierarchy(batches_per_epoch=2), 15)
+    assert not torch.equal(single.W[1], one_loop.W[1])
 
 
 class Rows(pl.loggers.Logger):
