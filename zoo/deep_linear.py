@@ -469,7 +469,13 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         by ``zoo.steps.Updates`` (the optimizer's own ``step``, each update counted by Lightning as an
         optimizer step: ``global_step``, ``max_steps`` and the callbacks' ``every_n_steps`` count
         gradient steps); the losses of the steps between are not computed (the loss is logged once
-        per batch) and nothing is read on the host: the caller checks the two losses once."""
+        per batch) and nothing is read on the host: the caller checks the two losses once.
+
+        Where the optimizer is the default :class:`~zoo.gdln_fast.GradientDescent`, of a two-layer
+        network in one process or sharded, the steps run as one loop with its update written in
+        (:meth:`TwoLayerGradients.descend`: the same operations, ~3-4 us of Python less a step) and
+        Lightning counts them at the end; ``.grad`` holds the last step's gradients, as after the
+        optimizer's steps."""
         updates, params = Updates(self), list(self.W)
         Ws = [W.detach() for W in params]  # plain tensors: a Parameter's every operation costs more Python
         x, y = self._gd_batch(batch)
