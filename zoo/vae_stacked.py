@@ -221,7 +221,9 @@ def stacked_mlp(h: Tensor, layers: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
             hT = hT.expand(W.shape[0], *hT.shape)
         hT = torch.baddbmm(b.unsqueeze(-1), W, hT)
         if i < len(layers) - 1:
-            hT = torch.relu(hT)
+            # in place: the product's backward does not read its output, and the activation stays
+            # in the cache lines the product just wrote (no new buffer per layer)
+            hT = torch.relu_(hT)
     return hT.transpose(1, 2)
 
 
