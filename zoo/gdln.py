@@ -402,7 +402,13 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
         # each epoch's update by the optimizer itself, counted in global_step (zoo.steps)
         updates = Updates(self)
-        losses = self.run_epochs(x, y, n, step=updates)
+        optimizer = self.optimizers().optimizer
+        if updates.direct and type(optimizer) is GradientDescent:
+            # the optimizer's update without its per-call checks; run_epochs applies it n times
+            losses = self.run_epochs(x, y, n, step=optimizer.update_fn())
+            updates.count = n
+        else:
+            losses = self.run_epochs(x, y, n, step=updates)
         updates.finish()
         losses = self.all_member_values(losses, dim=1)  # (n, E)
         self.count_samples(n * y.shape[-2])
