@@ -16,8 +16,8 @@ Each ``training_step`` takes ``epochs_per_step`` full-batch gradient-descent upd
 these small networks costs less than Lightning's per-step overhead). Every update is one step of
 the module's optimizer (``configure_optimizers``: plain gradient descent at ``lr``,
 ``zoo.gdln_fast.GradientDescent``, SGD's update without its per-call machinery), applied by the
-optimizer itself and counted by Lightning (``zoo.steps.Updates``; through ``LightningOptimizer.step``
-where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
+optimizer itself (``GradientDescent.update_fn``, via :func:`epoch_update`) and counted by Lightning
+(``zoo.steps.Updates``; through ``LightningOptimizer.step`` where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
 the number of epochs. The gradients are written by
 hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
 reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
