@@ -26,7 +26,9 @@ the three products (transposed results, contiguous copies of the transposed weig
 slower once the copy is paid), oneDNN's matmul (38-44 us each), W0 stored transposed (a
 contiguous update, 2% on the ReLU net, slower on the ReLN), ``addmm`` of the W1 update into its
 gradient product (5% faster, but another rounding: a ReLU net's weights end 40% apart after 8,000
-epochs, its losses 3e-4 apart). The 1 s goal for the ReLU net needs ~20% less arithmetic time than
+epochs, its losses 3e-4 apart), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM
+template needs a constant second operand, frozen weights, so the products stay MKL's; one epoch a
+compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26). The 1 s goal for the ReLU net needs ~20% less arithmetic time than
 these products reach here.
 
 Goals ([#21] item 4): the zoo at >= 0.9x the plain loop, and at or below the authors' compiled-JAX

@@ -95,10 +95,21 @@ def test_gradient_descent_is_sgd_to_the_bit_and_reads_its_state():
         gd.step()
         sgd.step()
     assert all(torch.equal(p, q) for p, q in zip(a, b))
-    a[1].grad = None  # left alone, as SGD leaves it
+    # update_fn (what training_step applies each epoch): the same update as step, to the bit
+    c = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    update = GradientDescent([{"params": c[:1], "lr": 0.1}, {"params": c[1:], "lr": 0.03}], lr=0.1).update_fn()
+    for p, q in zip(a, c):
+        p.grad = q.grad = torch.randn_like(p)
+    gd.step()
+    with torch.no_grad():
+        update()
+    assert all(torch.equal(p, q) for p, q in zip(a, c)) and not torch.equal(c[0], b[0])
+    a[1].grad = c[1].grad = None  # left alone, as SGD leaves it
     before = a[1].detach().clone()
     gd.step()
-    assert torch.equal(a[1], before)
+    with torch.no_grad():
+        update()
+    assert torch.equal(a[1], before) and torch.equal(c[1], before)
     # a checkpoint written with SGD (before this class) restores the learning rates
     state = sgd.state_dict()
     state["param_groups"][1]["lr"] = 0.5

@@ -16,8 +16,8 @@ Each ``training_step`` takes ``epochs_per_step`` full-batch gradient-descent upd
 these small networks costs less than Lightning's per-step overhead). Every update is one step of
 the module's optimizer (``configure_optimizers``: plain gradient descent at ``lr``,
 ``zoo.gdln_fast.GradientDescent``, SGD's update without its per-call machinery), applied by the
-optimizer itself and counted by Lightning (``zoo.steps.Updates``; through ``LightningOptimizer.step``
-where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
+optimizer itself (``GradientDescent.update_fn``, via :func:`epoch_update`) and counted by Lightning
+(``zoo.steps.Updates``; through ``LightningOptimizer.step`` where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
 the number of epochs. The gradients are written by
 hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
 reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
@@ -96,6 +96,18 @@ def descend(grad_fns: list[Callable[[], Tensor]], n: int, step: Callable[[], obj
                 L.append(fn())
             step()
     return [torch.stack(L) for L in losses]
+
+
+def epoch_update(module: pl.LightningModule, updates: Updates, n: int) -> Callable[[], object]:
+    """The update a training step applies after each of its ``n`` epochs: the optimizer's own
+    update without its per-call checks (``GradientDescent.update_fn``, ~1 us an epoch less) where
+    ``updates`` may bypass Lightning's step (``zoo.steps``), counted as the ``n`` updates the
+    epochs' loop applies; else ``updates`` itself."""
+    optimizer = module.optimizers().optimizer
+    if not updates.direct or type(optimizer) is not GradientDescent:
+        return updates
+    updates.count = n  # run_together and descend apply it exactly n times
+    return optimizer.update_fn()
 
 
 def members_of(module: MemberParallel, t: Tensor) -> Tensor:
@@ -402,7 +414,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         first_epoch, n = self.global_step, updates_this_step(self, self.epochs_per_step)
         # each epoch's update by the optimizer itself, counted in global_step (zoo.steps)
         updates = Updates(self)
-        losses = self.run_epochs(x, y, n, step=updates)
+        losses = self.run_epochs(x, y, n, step=epoch_update(self, updates, n))
         updates.finish()
         losses = self.all_member_values(losses, dim=1)  # (n, E)
         self.count_samples(n * y.shape[-2])
@@ -410,8 +422,10 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
                      "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
-        # at the step of the weights it was measured on (Lightning's own axis counts batches)
-        self.log("step", float(first_epoch))
+        # at the step of the weights it was measured on (Lightning's own axis counts batches): the
+        # loggers' x-axis, so not logged without a logger (self.log costs ~0.4 ms a key)
+        if self.trainer.loggers:
+            self.log("step", float(first_epoch))
         self.log("loss", losses[0].mean(), prog_bar=True)
         if 1 < self.ensemble <= MAX_MEMBER_TAGS:
             self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
@@ -898,12 +912,13 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
         # in lockstep: one optimizer step updates every model (each in its own parameter group),
         # counted in global_step (zoo.steps)
         updates = Updates(self)
+        step = epoch_update(self, updates, n)
         epochs = [m._prepared_fast_epoch(*m._cast(x, y)) for m in self.models]
         if all(e is not None for e in epochs):  # one loop, the losses a block of epochs at a time (zoo.gdln_fast)
             with torch.no_grad(), scoped_threads(self.models[0].threads(x)):
-                all_losses = [L.view(n, -1) for L in run_together(epochs, [list(m.W) for m in self.models], n, updates)]
+                all_losses = [L.view(n, -1) for L in run_together(epochs, [list(m.W) for m in self.models], n, step)]
         else:
-            all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, updates, self.models[0].threads(x))
+            all_losses = descend([m.gradient_fn(x, y) for m in self.models], n, step, self.models[0].threads(x))
         updates.finish()
         if self.member_range is not None:  # every model's members, gathered in one collective
             all_losses = list(self.all_member_values(torch.stack(all_losses), dim=2))

@@ -64,6 +64,18 @@ class GradientDescent:
                 if W.grad is not None:
                     W.sub_(W.grad, alpha=lr)
 
+    def update_fn(self) -> Callable[[], None]:
+        """``step()`` without a closure, for a caller already under ``no_grad`` (``run_epochs``): the
+        same update with the parameters and learning rates read once, ~1 us less per call. Valid
+        while the groups' learning rates stay as they are (one training batch)."""
+        pairs = [(W, group["lr"]) for group in self.param_groups for W in group["params"]]
+
+        def update() -> None:
+            for W, lr in pairs:
+                if W.grad is not None:
+                    W.sub_(W.grad, alpha=lr)
+        return update
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
             for W in group["params"]:
