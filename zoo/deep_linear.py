@@ -481,7 +481,8 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         x, y = self._gd_batch(batch)
         data_parallel = not is_sharded(self) and self.trainer.world_size > 1
         start = [W.clone() for W in Ws] if self.steps_per_batch > 1 else None
-        lrs = None if data_parallel or len(Ws) != 2 or not updates.direct else plain_descent_rates(updates.step, params)
+        gd = None if data_parallel or len(Ws) != 2 else GradientDescent.stepped_directly(updates)
+        lrs = gd.rates(params) if gd is not None else None
         if lrs is not None:  # the steps as one loop, the update written into it (the optimizer's own)
             with torch.no_grad():
                 first, D = self._two_layer.descend(Ws, x, y, lrs, self.steps_per_batch)
@@ -629,19 +630,6 @@ def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tenso
         if l:  # the product of every layer is not needed
             above = Ws[l] if above is None else above @ Ws[l]
     return D, grads
-
-
-def plain_descent_rates(step: Callable, params: list[Tensor]) -> list[float] | None:
-    """Each of ``params``' learning rates where ``step`` is the ``step`` of a
-    :class:`~zoo.gdln_fast.GradientDescent` (not a subclass's) that updates exactly ``params``, the
-    update :meth:`TwoLayerGradients.descend` writes out; None for any other optimizer."""
-    opt = getattr(step, "__self__", None)
-    if type(opt) is not GradientDescent or getattr(step, "__func__", None) is not GradientDescent.step:
-        return None
-    rates = {id(W): g["lr"] for g in opt.param_groups for W in g["params"]}
-    if len(rates) != len(params) or any(id(W) not in rates for W in params):
-        return None
-    return [rates[id(W)] for W in params]
 
 
 def half_mean_squared(D: Tensor) -> Tensor:

@@ -103,8 +103,8 @@ def epoch_update(module: pl.LightningModule, updates: Updates, n: int) -> Callab
     update without its per-call checks (``GradientDescent.update_fn``, ~1 us an epoch less) where
     ``updates`` may bypass Lightning's step (``zoo.steps``), counted as the ``n`` updates the
     epochs' loop applies; else ``updates`` itself."""
-    optimizer = module.optimizers().optimizer
-    if not updates.direct or type(optimizer) is not GradientDescent:
+    optimizer = GradientDescent.stepped_directly(updates)
+    if optimizer is None:
         return updates
     updates.count = n  # run_together and descend apply it exactly n times
     return optimizer.update_fn()

@@ -64,6 +64,24 @@ class GradientDescent:
                 if W.grad is not None:
                     W.sub_(W.grad, alpha=lr)
 
+    @staticmethod
+    def stepped_directly(updates) -> "GradientDescent | None":
+        """The optimizer whose own ``step`` ``updates`` (a ``zoo.steps.Updates``) applies without
+        Lightning's (``updates.direct``: no hook expects each update), where it is exactly this class;
+        else None. Only then may a module write the update ``W -= lr W.grad`` into its own loop
+        (``update_fn``, ``rates``) and count the updates itself."""
+        opt = getattr(updates.step, "__self__", None)
+        if updates.direct and type(opt) is GradientDescent and getattr(updates.step, "__func__", None) is GradientDescent.step:
+            return opt
+        return None
+
+    def rates(self, params: list[Tensor]) -> list[float] | None:
+        """Each of ``params``' learning rates, where the groups hold exactly ``params``; else None."""
+        rates = {id(W): g["lr"] for g in self.param_groups for W in g["params"]}
+        if len(rates) != len(params) or any(id(W) not in rates for W in params):
+            return None
+        return [rates[id(W)] for W in params]
+
     def update_fn(self) -> Callable[[], None]:
         """``step()`` without a closure, for a caller already under ``no_grad`` (``run_epochs``): the
         same update with the parameters and learning rates read once, ~1 us less per call. Valid
