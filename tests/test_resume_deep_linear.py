@@ -8,7 +8,7 @@ import signal
 
 import lightning.pytorch as pl
 import pytest
-from resume_harness import assert_same_run, checkpoint_step, fit, fit_killed
+from resume_harness import assert_same_run, checkpoint_step, fit, fit_killed, resume_from_kept, scalars
 
 pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
 
@@ -42,6 +42,26 @@ def test_kill_then_resume(reference, tmp_path):
     assert 0 < step < 300
     run = fit(tmp_path, *args, "--ckpt_path", "last")
     assert_same_run(full, run)
+
+
+def test_killed_after_its_checkpoint_every_point_shows_once(reference, tmp_path):
+    """The batch after the checkpoint at step 90 logged its loss at 90 (every batch is written:
+    log_every_n_steps 1) and a validation ran at 90 (every 3 batches of 10 steps); then the run was
+    killed. Resumed, TensorBoard shows each point once: the loss at 90 of the resumed run, the
+    validation of the killed one (Lightning does not run it again), the callbacks' points at 90."""
+    from resume_harness import REPO
+
+    args = [a.replace("recipes/", f"{REPO}/recipes/") for a in RECIPE]
+    # 120 steps: a checkpoint at the first batch end past every 12 steps (90 among them)
+    args += ["--trainer.max_steps=120", "--trainer.log_every_n_steps=1", "--trainer.val_check_interval=3"]
+    full = fit(tmp_path / "full", *args)
+    run = resume_from_kept(tmp_path / "killed", args, 90)
+    assert_same_run(full, run)
+    shown = scalars(run)
+    assert any(s == 90 for s, _ in shown["loss"]) and any(s == 90 for s, _ in shown["val/mse"])
+    for tag, points in shown.items():
+        steps = [s for s, _ in points]
+        assert len(steps) == len(set(steps)), f"{tag}: a step shown twice"
 
 
 class SigtermAt(pl.Callback):

@@ -60,6 +60,38 @@ def test_max_steps_mid_epoch_saves_there(tmp_path, one_thread):
     assert progress["processed"] == 4  # 33 steps = epoch 0 (7 batches) + 4 batches of epoch 1
 
 
+def test_a_save_records_where_a_resumed_run_picks_up_its_curves(tmp_path, one_thread):
+    import time
+
+    from zoo import resume_events
+
+    before = time.time()
+    trainer = _fit(tmp_path, _Saves(every_n_train_steps=1000), max_steps=12)
+    after = time.time()
+    point = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")[resume_events.KEY]
+    assert point["step"] == trainer.global_step == 12  # the x-axis step of the weights saved
+    assert before < point["saved_at"] < after
+
+
+class _SavesWhere(_Saves):
+    """Records (step, whether inside a validation) of every save."""
+
+    def _save_last(self, trainer):
+        wrote = RunCheckpoint._save_last(self, trainer)
+        if wrote:
+            self.saved.append((trainer.global_step, trainer.validating))
+        return wrote
+
+
+def test_a_validation_at_a_save_step_is_saved_with_it(tmp_path, one_thread):
+    # batches of 3 steps, a save every 6 steps, a validation every 2 batches: each save's step has a
+    # validation after it, which Lightning does not run again on resuming, so the save is made again
+    # after it (the points it logs then come before the checkpoint that a resumed run starts from)
+    cb = _SavesWhere(every_n_train_steps=6)
+    _fit(tmp_path, cb, max_steps=18, val_check_interval=2, num_sanity_val_steps=1)
+    assert cb.saved == [(6, False), (6, True), (12, False), (12, True), (18, False), (18, True)]
+
+
 @pytest.mark.parametrize("kw, match", [({"every": 0.0}, "every = 0.0"), ({"every": 1.5}, "every = 1.5"),
                                        ({"every_n_train_steps": 0}, "every_n_train_steps = 0")])
 def test_bad_settings_name_the_parameter(kw, match):

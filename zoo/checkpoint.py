@@ -44,6 +44,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from zoo import resume_events
+
 
 class AtomicLocalCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose saves to a local path are atomic and cheap: ``torch.save`` into
@@ -149,7 +151,13 @@ class RunCheckpoint(ModelCheckpoint):
         self._epoch_due = False
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """No saves keyed to validation: the schedule above covers every run."""
+        """A validation that runs at the step of a save just made (``val_check_interval``) is saved
+        with it: Lightning does not run it again when resuming from a batch-end checkpoint, so its
+        points must come before the checkpoint, which a run resumed from it keeps
+        (``zoo.resume_events``). Otherwise no saves are keyed to validation: the schedule covers every run."""
+        if not trainer.sanity_checking and self._saved_step == trainer.global_step:
+            self._saved_step = None
+            self._save_last(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # SIGTERM is raised between batches, at a consistent state; any other exception may leave
@@ -188,6 +196,10 @@ class RunCheckpoint(ModelCheckpoint):
         if self._state_key is None:
             self._state_key = super().state_key
         return self._state_key
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # where a run resumed from it picks up its TensorBoard curves (zoo.resume_events)
+        checkpoint[resume_events.KEY] = resume_events.resume_point(trainer)
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
     def state_dict(self) -> dict:

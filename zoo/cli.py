@@ -256,13 +256,17 @@ def _with_run_checkpoint(trainer_config: dict) -> dict:
 
 
 def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
-    """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs into ``version_N`` again, with
-    TensorBoard events after the checkpoint's step purged (a killed run may have logged past it;
-    what was logged up to that step, the checkpoint's own step included, stays),
-    and saves its config beside the first one without overwriting it."""
+    """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs into ``version_N`` again and
+    saves its config beside the first one without overwriting it.
+
+    TensorBoard shows each point once: the stopped run's events from the checkpoint's step on are
+    purged, and those it logged at that step before the checkpoint was saved are written back
+    (``zoo.resume_events``; a checkpoint of ``RunCheckpoint`` records its step and time). A
+    checkpoint without that record (another ``ModelCheckpoint``'s) keeps the events up to its step."""
     from lightning.pytorch.cli import SaveConfigCallback
     from lightning.pytorch.loggers import TensorBoardLogger
 
+    from zoo import resume_events
     from zoo.runs import resumed_config_name, run_folder_of
 
     logger = trainer.logger
@@ -276,13 +280,18 @@ def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
         step = int(ckpt["global_step"])
+        point = ckpt.get(resume_events.KEY)
         # a module that logs on an axis of its own (zoo.gdln: epochs) says where the resumed run logs first
-        purge_step = int(ckpt.get("log_step_resumed", step + 1))
+        purge_step = int(point["step"]) if point else int(ckpt.get("log_step_resumed", step + 1))
     except Exception:  # an unreadable checkpoint is reported when Lightning loads it
         return
+    # the stopped run's events are read on the rank that writes them (the file is read whole)
+    kept = (resume_events.events_before_save(folder, purge_step, float(point["saved_at"]))
+            if point and trainer.is_global_zero else [])
     # default_hp_metric=False: the first part of the run wrote the HPARAMS placeholder already
     trainer.logger = TensorBoardLogger(logger.save_dir, name=logger.name, version=folder.name,
                                        default_hp_metric=False, purge_step=purge_step)
+    resume_events.write_back(trainer.logger, kept)
     for cb in trainer.callbacks:
         if isinstance(cb, SaveConfigCallback):
             cb.config_filename = resumed_config_name(folder, step)
