@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_only
 
 from zoo.logs import log_step
 
@@ -59,8 +60,10 @@ def events_before_save(folder: Path, step: int, saved_at: float) -> list[Any]:
     return [e for e in shown if e.wall_time <= saved_at]
 
 
+@rank_zero_only
 def write_back(logger: pl.loggers.TensorBoardLogger, events: list[Any]) -> None:
-    """Write ``events`` into ``logger``'s event file as they were (step and time), after its purge."""
+    """Write ``events`` into ``logger``'s event file as they were (step and time), after its purge
+    (rank 0: the one that writes the loggers' files)."""
     if not events:
         return
     writer = logger.experiment.file_writer  # made with the experiment, the purge written first
