@@ -21,7 +21,7 @@ import torch
 
 from resume_harness import REPO, assert_same_run, fit, scalars, weights
 
-__all__ = ["run_ddp", "start_ddp", "run_nodes", "run_forked", "fit_one", "written_files", "assert_one_set", "assert_same_results",
+__all__ = ["run_ddp", "start_ddp", "run_nodes", "run_forked", "in_process_group", "fit_one", "written_files", "assert_one_set", "assert_same_results",
            "assert_close_results", "free_port", "weights", "scalars"]
 
 DDP = ("--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false")
@@ -146,6 +146,56 @@ def _forked_rank(folder: Path, args: tuple[str, ...], node: int, local: int, nod
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # not pytest's exit handlers: this is a copy of the test process
+
+
+def in_process_group(folder: Path, fn: Callable[[int, int], object], world: int = 2, timeout: float = 60.0) -> list:
+    """``fn(rank, world)`` in each of ``world`` processes forked from this one that form a gloo process
+    group (``torch.distributed``, rendezvous in a file under ``folder``): what one rank of a run
+    computes, without a Trainer. Returns each rank's return value (saved with ``torch.save``), in
+    rank order. Forked as :func:`run_forked` (this process must hold no process group)."""
+    import multiprocessing
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_group_rank, args=(folder, fn, r, world)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    if any(p.is_alive() for p in procs):
+        for p in procs:
+            p.kill()
+        raise AssertionError(f"a process of the group did not finish within {timeout} s")
+    errors = [f"rank {r}: exit {p.exitcode}\n{(folder / f'rank{r}.log').read_text()[-3000:]}"
+              for r, p in enumerate(procs) if p.exitcode != 0]
+    assert not errors, "\n".join(errors)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _group_rank(folder: Path, fn: Callable[[int, int], object], rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    code = 1
+    try:
+        log = os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{folder / 'rendezvous'}", rank=rank, world_size=world)
+        try:
+            torch.save(fn(rank, world), folder / f"rank{rank}.pt")
+            dist.barrier()  # no rank leaves while another may still call a collective
+        finally:
+            dist.destroy_process_group()
+        code = 0
     except BaseException:
         import traceback
 
