@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 STRATEGY_NAME = "ddp"
-Metrics = TypeVar("Metrics")
+_Metrics = TypeVar("_Metrics")
 
 
 def member_bounds(E: int, world: int, rank: int) -> tuple[int, int]:
@@ -105,7 +105,7 @@ def _each_metric(metrics: Any) -> Iterator[Any]:
                         "a module holding them (ModuleDict, ModuleList) or a dict, list or tuple of those")
 
 
-def set_metric_sync(metrics: Metrics, sync: bool) -> Metrics:
+def set_metric_sync(metrics: _Metrics, sync: bool) -> _Metrics:
     """Whether the torchmetrics ``Metric``s in ``metrics`` (one, a module holding some, or a dict,
     list or tuple of those) reduce their states across processes when computed; returns ``metrics``.
 
@@ -151,7 +151,7 @@ class MemberParallel:
             return t
         return gather_members(t, self.member_range[2], dim=dim).contiguous()
 
-    def member_metrics(self, metrics: Metrics) -> Metrics:
+    def member_metrics(self, metrics: _Metrics) -> _Metrics:
         """``metrics`` (torchmetrics ``Metric``s whose states hold the members this module holds now:
         one, a module holding some, or a dict, list or tuple of those), made to follow the sharding;
         returns them. While sharded every rank evaluates its own members on the same batches, so a sum
