@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +22,7 @@ import torch
 
 from resume_harness import REPO, assert_same_run, fit, scalars, weights
 
-__all__ = ["run_ddp", "start_ddp", "run_nodes", "run_forked", "fit_one", "written_files", "assert_one_set", "assert_same_results",
+__all__ = ["run_ddp", "start_ddp", "run_nodes", "run_forked", "in_process_group", "fit_one", "written_files", "assert_one_set", "assert_same_results",
            "assert_close_results", "free_port", "weights", "scalars"]
 
 DDP = ("--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false")
@@ -105,13 +106,59 @@ def run_forked(folder: Path, *args: str, nodes: int = 1, devices: int = 2, timeo
     torch, Lightning and the zoo already imported (about 5 s saved per process). Safe because this
     process runs torch with one thread (no OpenMP pool to inherit) and holds no process group. A
     child's output goes to ``<folder>.rank<r>.log``, beside the folder; returns the run folder."""
-    import multiprocessing
-
     folder.mkdir(parents=True, exist_ok=True)
     port, world = str(free_port()), nodes * devices
+    _fork([partial(_forked_rank, folder, args, r // devices, r % devices, nodes, devices, port) for r in range(world)],
+          [Path(f"{folder}.rank{r}.log") for r in range(world)], timeout)
+    return folder / "lightning_logs" / "version_0"
+
+
+def _forked_rank(folder: Path, args: tuple[str, ...], node: int, local: int, nodes: int, devices: int,
+                 port: str) -> int:
+    os.chdir(folder)
+    for k in ("GROUP_RANK", "RANK"):
+        os.environ.pop(k, None)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(node), LOCAL_RANK=str(local),
+                      WORLD_SIZE=str(nodes * devices), OMP_NUM_THREADS="1")
+    from zoo.cli import main
+
+    try:
+        main(["fit", *args, *DDP, f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"])
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def in_process_group(folder: Path, fn: Callable[[int, int], object], world: int = 2, timeout: float = 60.0) -> list:
+    """``fn(rank, world)`` in each of ``world`` processes forked from this one that form a gloo process
+    group (``torch.distributed``, rendezvous in a file under ``folder``): what one rank of a run
+    computes, without a Trainer. Returns each rank's return value (saved with ``torch.save``), in
+    rank order. Forked as :func:`run_forked` (this process must hold no process group)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _fork([partial(_group_rank, folder, fn, r, world) for r in range(world)],
+          [folder / f"rank{r}.log" for r in range(world)], timeout)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _group_rank(folder: Path, fn: Callable[[int, int], object], rank: int, world: int) -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{folder / 'rendezvous'}", rank=rank, world_size=world)
+    try:
+        torch.save(fn(rank, world), folder / f"rank{rank}.pt")
+        dist.barrier()  # no rank leaves while another may still call a collective
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _fork(jobs: list[Callable[[], int]], logs: list[Path], timeout: float) -> None:
+    """Each job (rank r: ``jobs[r]``, returning an exit code) in a child forked from this process,
+    its output to ``logs[r]``; asserts that every child exits with 0 within ``timeout`` s."""
+    import multiprocessing
+
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_forked_rank, args=(folder, args, r // devices, r % devices, nodes, devices, port))
-             for r in range(world)]
+    procs = [ctx.Process(target=_child, args=(job, log)) for job, log in zip(jobs, logs)]
     for p in procs:
         p.start()
     for p in procs:
@@ -120,32 +167,18 @@ def run_forked(folder: Path, *args: str, nodes: int = 1, devices: int = 2, timeo
         for p in procs:
             p.kill()
         raise AssertionError(f"a forked process did not finish within {timeout} s")
-    logs = [Path(f"{folder}.rank{r}.log") for r in range(world)]
     errors = [f"rank {r}: exit {p.exitcode}\n{logs[r].read_text()[-3000:]}" for r, p in enumerate(procs) if p.exitcode != 0]
     assert not errors, "\n".join(errors)
-    return folder / "lightning_logs" / "version_0"
 
 
-def _forked_rank(folder: Path, args: tuple[str, ...], node: int, local: int, nodes: int, devices: int,
-                 port: str) -> None:
+def _child(job: Callable[[], int], log_path: Path) -> None:
     code = 1
     try:
-        log = os.open(f"{folder}.rank{node * devices + local}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.chdir(folder)
-        for k in ("GROUP_RANK", "RANK"):
-            os.environ.pop(k, None)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(node), LOCAL_RANK=str(local),
-                          WORLD_SIZE=str(nodes * devices), OMP_NUM_THREADS="1")
         torch.set_num_threads(1)
-        from zoo.cli import main
-
-        try:
-            main(["fit", *args, *DDP, f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = job()
     except BaseException:
         import traceback
 

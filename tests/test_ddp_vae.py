@@ -21,7 +21,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers_ddp import fit_one, run_forked
+from helpers_ddp import assert_one_set, fit_one, run_forked
 from resume_harness import REPO, figures, scalars
 
 from tests.helpers_mnist import SHARED_RAW, tiny_mnist
@@ -114,6 +114,46 @@ def test_sparse_autoencoder_ensemble_on_two_processes_equals_one(sae_runs):
     assert ckpt["state_dict"]["W_enc"].shape[0] == 3  # the checkpoint holds every member
     assert "sparsity_vs_v.png" in [p.name for p in two.iterdir()]
 
+
+
+# -- one SparseAutoencoder: nothing to shard, so data-parallel (EnsembleDDP shards 2 members or more) ------
+SAE_ARGS = ["--config", str(RECIPES / "fig13_isae.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.vae.BetaVAE",
+            "--data.init_args.vae.latent_dim=16", "--data.init_args.vae.encoder_widths=[8]",
+            "--data.init_args.vae.decoder_widths=[8]", "--model.init_args.n=32", "--model.init_args.grid=false",
+            "--model.init_args.l1=0.001", "--model.init_args.lr=0.01", "--model.init_args.init.init_args.v=4.0",
+            "--trainer.callbacks=[]", "--trainer.log_every_n_steps=2"]
+
+
+@slow
+def test_one_sparse_autoencoder_trains_data_parallel_with_metrics_over_all_ranks(tmp_path):
+    """One member on 2 processes: neither rank is left without members; each trains on its half of every
+    batch (DDP averages the gradients) and validates on its half of the held-out codes, and the
+    metrics sum both halves' states, so the logged values are those of all the held-out codes."""
+    from datamodules.latents import Latents
+    from zoo.sae import MEASURES, SparseAutoencoder
+    from zoo.vae import BetaVAE
+
+    data = tiny_mnist(tmp_path / "mnist")
+    args = [*SAE_ARGS, f"--data.init_args.data_dir={data}"]
+    one = fit_one(tmp_path / "p1", *args, "--data.init_args.batch_size=16")
+    two = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=8")
+    assert_one_set(tmp_path / "p2", tmp_path / "p1")  # written once, by rank 0
+    ckpt = _checkpoint(two)
+    assert ckpt["global_step"] == 4 and ckpt["state_dict"]["W_enc"].shape[0] == 1
+    # rank 0 counted its half of the epoch: batches of 8 + 8 + 8 + 6 of the 60 codes (the whole stream: 32)
+    assert int(ckpt["state_dict"]["samples_seen_"]) == 30
+    logged, reference = scalars(two), scalars(one)
+    assert logged.keys() == reference.keys()
+    # the last validation, recomputed here from the final weights on all 30 held-out codes (the CLI's VAE:
+    # the same arguments, its weights seeded by its own seed)
+    codes = Latents(vae=BetaVAE(latent_dim=16, encoder_widths=[8], decoder_widths=[8]), data_dir=str(data)).held_out
+    sae = SparseAutoencoder.load_from_checkpoint(two / "checkpoints" / "last.ckpt", map_location="cpu")
+    whole, half = sae.measure(codes), sae.measure(codes[0::2])  # rank 0's half (DistributedSampler, in order)
+    for name in MEASURES:
+        step, value = logged[f"val/{name}"][-1]
+        assert step == 4 and value == pytest.approx(float(whole[name]), rel=1e-5, abs=1e-7), name
+    assert float(half["mse"]) != pytest.approx(float(whole["mse"]), rel=1e-3)  # the halves do differ
 
 
 # -- one BetaVAE, data-parallel (plain DDP: each rank its share of every batch, gradients averaged) ----

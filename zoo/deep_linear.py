@@ -134,7 +134,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         super().keep_members(lo, hi)
         self.balance0 = self.balance0[:, lo:hi].clone()
         # each rank's errors are its own members': computed locally, then gathered (_log_mse)
-        self.val_mse, self.test_mse = self._mse_metrics(hi - lo, sync=False)
+        self.val_mse, self.test_mse = self._mse_metrics(hi - lo)
 
     def show_all_members(self) -> Callable[[], None]:
         local = self.balance0
@@ -156,11 +156,11 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             return local.new_zeros(local.shape[0], self.ensemble, *local.shape[2:])
         return gather_members(local, self.ensemble, dim=1)
 
-    def _mse_metrics(self, E: int, sync: bool = True) -> tuple[MeanSquaredError, MeanSquaredError]:
-        """Per-member MSE (num_outputs = E); one per stage so validation inside a fit leaves test's alone.
-        ``sync``: reduce across devices (a data-parallel run) rather than keep this rank's members."""
+    def _mse_metrics(self, E: int) -> tuple[MeanSquaredError, MeanSquaredError]:
+        """Per-member MSE of the E members held (num_outputs = E); one per stage so validation inside a
+        fit leaves test's alone. Reduced across devices unless sharded (:meth:`member_metrics`)."""
         device = self.W[0].device if hasattr(self, "W") else None
-        return tuple(MeanSquaredError(num_outputs=E, sync_on_compute=sync).to(device) for _ in range(2))
+        return self.member_metrics(tuple(MeanSquaredError(num_outputs=E).to(device) for _ in range(2)))
 
     # -- structure --------------------------------------------------------------------------------
     @property

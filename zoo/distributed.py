@@ -19,6 +19,9 @@ The pieces:
   distributed sampler) and writes full checkpoints. Any other module trains data-parallel, as
   under plain DDP. The CLI runs it for ``--trainer.strategy=ddp`` (:func:`register`).
 * :func:`gather_members`: a tensor with the member axis first, concatenated over the ranks.
+* :func:`set_metric_sync`: whether torchmetrics metrics reduce their states across processes;
+  :meth:`MemberParallel.member_metrics` sets it from the sharding (a rank's per-member states are
+  its own members', never summed with another rank's).
 
 Every function here that communicates is a collective: call it on every rank, never inside an
 ``is_global_zero`` branch.
@@ -26,13 +29,14 @@ Every function here that communicates is a collective: call it on every rank, ne
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 STRATEGY_NAME = "ddp"
+_Metrics = TypeVar("_Metrics")
 
 
 def member_bounds(E: int, world: int, rank: int) -> tuple[int, int]:
@@ -74,6 +78,50 @@ def gather_members(t: Tensor, E: int, dim: int = 0) -> Tensor:
     return full.movedim(0, dim)
 
 
+class _ThisProcessOnly:
+    """A metric's ``distributed_available_fn`` that says "no process group": torchmetrics then
+    computes from this process's states alone. Keeps the function it replaced, to put it back."""
+
+    def __init__(self, replaced: Callable[[], bool] | None) -> None:
+        self.replaced = replaced
+
+    def __call__(self) -> bool:
+        return False
+
+
+def _each_metric(metrics: Any) -> Iterator[Any]:
+    from torchmetrics import Metric
+
+    if isinstance(metrics, torch.nn.Module):
+        yield from (m for m in metrics.modules() if isinstance(m, Metric))
+    elif isinstance(metrics, dict):
+        for v in metrics.values():
+            yield from _each_metric(v)
+    elif isinstance(metrics, (list, tuple)):
+        for v in metrics:
+            yield from _each_metric(v)
+    else:
+        raise TypeError(f"set_metric_sync: metrics = {type(metrics).__name__}; allowed: a torchmetrics Metric, "
+                        "a module holding them (ModuleDict, ModuleList) or a dict, list or tuple of those")
+
+
+def set_metric_sync(metrics: _Metrics, sync: bool) -> _Metrics:
+    """Whether the torchmetrics ``Metric``s in ``metrics`` (one, a module holding some, or a dict,
+    list or tuple of those) reduce their states across processes when computed; returns ``metrics``.
+
+    ``sync=False`` sets each one's ``distributed_available_fn`` (a public argument of
+    ``Metric``, read at every ``compute``, unlike ``sync_on_compute``, which a built metric has
+    already copied) to one that finds no process group; ``sync=True`` puts back the function it
+    replaced. Local, not a collective; idempotent."""
+    for m in _each_metric(metrics):
+        fn = m.distributed_available_fn
+        if not sync and not isinstance(fn, _ThisProcessOnly):
+            m.distributed_available_fn = _ThisProcessOnly(fn)
+        elif sync and isinstance(fn, _ThisProcessOnly):
+            m.distributed_available_fn = fn.replaced
+    return metrics
+
+
 class MemberParallel:
     """Mixin for a LightningModule whose E members are independent, so that ranks can train
     disjoint slices of them (:class:`EnsembleDDP`).
@@ -102,6 +150,17 @@ class MemberParallel:
         if self.member_range is None:
             return t
         return gather_members(t, self.member_range[2], dim=dim).contiguous()
+
+    def member_metrics(self, metrics: _Metrics) -> _Metrics:
+        """``metrics`` (torchmetrics ``Metric``s whose states hold the members this module holds now:
+        one, a module holding some, or a dict, list or tuple of those), made to follow the sharding;
+        returns them. While sharded every rank evaluates its own members on the same batches, so a sum
+        over the ranks would add other members' numbers (or count the batches twice): the states stay
+        this rank's, and :meth:`all_member_values` gathers the computed values. Otherwise (one
+        process, data-parallel DDP) they reduce across processes as torchmetrics does. Call it on
+        metrics built for the members held: in ``__init__``, after ``super().keep_members`` and in
+        :meth:`on_all_members_back` (:func:`set_metric_sync`)."""
+        return set_metric_sync(metrics, sync=self.member_range is None)
 
     @property
     def member_slice(self) -> slice:

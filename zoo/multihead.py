@@ -130,12 +130,6 @@ class MemberMean(Metric):
         return self.total / self.count
 
 
-def _this_process_only() -> bool:
-    """A metric's ``distributed_available_fn`` for member-parallel runs: its states hold this rank's
-    members, which must never be summed with another rank's (they are gathered instead)."""
-    return False
-
-
 def _task_from_buffer(module: "MultiHeadModule", incompatible_keys) -> None:
     module.task_index = int(module.task)
 
@@ -445,12 +439,9 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         """The metrics of ``stage`` and ``task``, made for the members held (they grow at setup, and
         a rank of a member-parallel run holds its slice: its metrics are its own, never summed)."""
         if getattr(self, "eval_members", None) != (self.ensemble, self.member_range):
-            self.eval_store = nn.ModuleDict({f"{s}{t}": nn.ModuleDict(self.eval_metrics()) for s in ("val", "test")
-                                             for t in range(self.n_tasks)}).to(self.W.device)
-            if is_sharded(self):
-                for metrics in self.eval_store.values():
-                    for m in metrics.values():
-                        m.distributed_available_fn = _this_process_only
+            self.eval_store = self.member_metrics(nn.ModuleDict({
+                f"{s}{t}": nn.ModuleDict(self.eval_metrics()) for s in ("val", "test") for t in range(self.n_tasks)
+            }).to(self.W.device))
             self.eval_members = (self.ensemble, self.member_range)
         return self.eval_store[f"{stage}{task}"]
 

@@ -119,7 +119,7 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         self.member_params = [{**{k: vals[e] for k, vals in varying.items()}, "l1": float(self.l1[e]), "seed": int(seed)}
                               for e in range(E)]
         self.labels = member_labels(self.member_params)
-        self.eval_metrics = self._eval_metrics(E, sync=True)
+        self.eval_metrics = self._eval_metrics(E)
 
     @property
     def ensemble(self) -> int:
@@ -134,18 +134,18 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         # ``alive`` stays whole on every rank: each rank drops members from the gathered losses alike
         return ["W_enc", "W_dec", "b_enc", "b_dec", "l1"]
 
-    def _eval_metrics(self, members: int, sync: bool) -> nn.ModuleDict:
-        return nn.ModuleDict({stage: nn.ModuleList([FiringCounts(members, self.n, sync_on_compute=sync),
-                                                    Reconstruction(members, sync_on_compute=sync)])
-                              for stage in ("val", "test")}).to(self.W_enc.device)
+    def _eval_metrics(self, members: int) -> nn.ModuleDict:
+        """Evaluation metrics of the members held, this rank's own while sharded (``member_metrics``)."""
+        return self.member_metrics(nn.ModuleDict({stage: nn.ModuleList([FiringCounts(members, self.n),
+                                                                        Reconstruction(members)])
+                                                  for stage in ("val", "test")}).to(self.W_enc.device))
 
     def keep_members(self, lo: int, hi: int) -> None:
         super().keep_members(lo, hi)
-        # every rank evaluates its members on the same batches: a sum over ranks would double count
-        self.eval_metrics = self._eval_metrics(hi - lo, sync=False)
+        self.eval_metrics = self._eval_metrics(hi - lo)
 
     def on_all_members_back(self) -> None:
-        self.eval_metrics = self._eval_metrics(self.ensemble, sync=True)
+        self.eval_metrics = self._eval_metrics(self.ensemble)
 
     def hidden(self, x: Tensor) -> Tensor:
         """Hidden activity ``relu(W_enc x + b_enc)`` of every member: x (B, d) -> (E, B, n)."""

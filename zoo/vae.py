@@ -643,18 +643,18 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     def _all_members(self, values: Tensor) -> Tensor:
         return self.all_member_values(values)
 
-    def _local_metrics(self, members: int, sync: bool) -> None:
+    def _metrics_for(self, members: int) -> None:
+        """Evaluation metrics of the members held, this rank's own while sharded (``member_metrics``)."""
         device = self.eval_metrics["val"].sse.device
-        self.eval_metrics = nn.ModuleDict({stage: Reconstruction(members, sync_on_compute=sync).to(device)
-                                           for stage in ("val", "test")})
+        self.eval_metrics = self.member_metrics(nn.ModuleDict({stage: Reconstruction(members).to(device)
+                                                               for stage in ("val", "test")}))
 
     def keep_members(self, lo: int, hi: int) -> None:
         super().keep_members(lo, hi)
-        # every rank evaluates its members on the same batches: a sum over ranks would double count
-        self._local_metrics(hi - lo, sync=False)
+        self._metrics_for(hi - lo)
 
     def on_all_members_back(self) -> None:
-        self._local_metrics(len(self.members), sync=True)
+        self._metrics_for(len(self.members))
 
     def _vectorised(self) -> bool:
         """Whether a step runs the members together (``vectorise`` and a member class whose network
