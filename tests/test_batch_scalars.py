@@ -25,21 +25,23 @@ class Record(pl.Callback):
     def __init__(self) -> None:
         self.batches: list[tuple[int, dict[str, torch.Tensor]]] = []
         self.epoch_end: list[dict[str, torch.Tensor]] = []
+        self.bar: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.batches.append((outputs["first_epoch"], {n: l[:, 0].clone() for n, l in outputs["epoch_loss"].items()}))
+        self.bar.append(dict(trainer.progress_bar_metrics))
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.epoch_end.append(dict(trainer.callback_metrics))
 
 
-def fit(module: pl.LightningModule, every: int, tmp_path) -> tuple[Record, list[dict], dict]:
-    """Fit on ``BATCHES`` x ``EPOCHS`` full batches with a CSV and a TensorBoard logger, no
-    progress bar; the CSV rows and the TensorBoard scalars (tag -> [(step, value)])."""
+def fit(module: pl.LightningModule, every: int, tmp_path, bar: bool = False) -> tuple[Record, list[dict], dict]:
+    """Fit on ``BATCHES`` x ``EPOCHS`` full batches with a CSV and a TensorBoard logger (and a
+    progress bar if ``bar``); the CSV rows and the TensorBoard scalars (tag -> [(step, value)])."""
     record = Record()
     loggers = [CSVLogger(tmp_path, name="csv", version=0), TensorBoardLogger(tmp_path, name="tb", version=0)]
     trainer = pl.Trainer(max_epochs=EPOCHS, logger=loggers, log_every_n_steps=every, callbacks=[record],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, enable_progress_bar=bar, enable_model_summary=False,
                          accelerator="cpu", devices=1)
     trainer.fit(module, datamodule=XorMargin(Delta=[0.3, 1.5], batches_per_epoch=BATCHES))
     with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as f:
@@ -92,3 +94,15 @@ def test_a_comparisons_rows_and_epoch_end_losses(every, tmp_path):
     for e, metrics in enumerate(record.epoch_end):
         last = record.batches[BATCHES * (e + 1) - 1][1]
         assert all(torch.equal(metrics[f"loss/{n}"], last[n].mean()) for n in ("relu", "xor"))
+
+
+def test_a_progress_bar_shows_every_batchs_loss_and_only_the_loss(tmp_path):
+    net = GDLN(gating="xor", n_hidden=4, init=Gaussian(sigma=0.1), ensemble=2, lr=0.2, epochs_per_step=K)
+    record, rows, _ = fit(net, 3, tmp_path / "net", bar=True)
+    assert [m["loss"] for m in record.bar] == [float(l["GDLN"].mean()) for _, l in record.batches]
+    assert len([r for r in rows if r["loss"]]) == BATCHES * EPOCHS // 3  # the rows stay every third batch's
+    kw = dict(init=Gaussian(sigma=0.1), ensemble=2, lr=0.2)
+    c = Comparison([ReLUNet(hidden=[4], **kw), GDLN(gating="xor", n_hidden=4, **kw)], names=["relu", "xor"],
+                   epochs_per_step=K)
+    record, _, _ = fit(c, 3, tmp_path / "comparison", bar=True)
+    assert all(not any(k.startswith("loss") for k in m) for m in record.bar)  # a comparison's losses are not on it
