@@ -40,6 +40,22 @@ class ManySteps(pl.LightningModule):
         return DataLoader(TensorDataset(x, x[:, :2] * 2.0), batch_size=4)
 
 
+class AppliedItself(ManySteps):
+    """The same K updates written into the module's own loop (``W -= lr grad``), counted with ``applied``."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        updates = Updates(self)
+        self.direct.append(updates.direct)
+        lr = self.optimizers().optimizer.param_groups[0]["lr"]
+        for _ in range(K):
+            loss = 0.5 * ((x @ self.W.T - y) ** 2).sum(-1).mean()
+            with torch.no_grad():
+                self.W.sub_(torch.autograd.grad(loss, self.W)[0], alpha=lr)
+        updates.applied(K)
+        updates.finish()
+
+
 class EveryUpdate(pl.Callback):
     """A hook Lightning calls at every update: its presence sends each update through Lightning."""
 
@@ -50,8 +66,8 @@ class EveryUpdate(pl.Callback):
         self.calls += 1
 
 
-def fit(max_steps: int, callbacks=(), **kw) -> tuple[pl.Trainer, ManySteps]:
-    module = ManySteps()
+def fit(max_steps: int, callbacks=(), module_type: type[ManySteps] = ManySteps, **kw) -> tuple[pl.Trainer, ManySteps]:
+    module = module_type()
     checkpointing = any(isinstance(cb, pl.callbacks.ModelCheckpoint) for cb in callbacks)
     trainer = pl.Trainer(max_steps=max_steps, max_epochs=3, logger=False, enable_checkpointing=checkpointing,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks), **kw)
@@ -90,3 +106,14 @@ def test_direct_only_under_plain_precision(precision, direct):
                          enable_progress_bar=False, enable_model_summary=False)
     module.trainer = trainer
     assert direct_updates_allowed(module) is direct
+
+
+def test_updates_applied_by_the_module_count_as_its_optimizers_steps():
+    trainer, itself = fit(6 * K, module_type=AppliedItself)
+    trainer_o, through = fit(6 * K)
+    assert all(itself.direct) and trainer.global_step == trainer_o.global_step == 6 * K
+    assert torch.equal(itself.W, through.W)  # plain SGD's update, bit for bit
+    assert trainer.fit_loop.epoch_loop.state_dict() == trainer_o.fit_loop.epoch_loop.state_dict()
+    # where a hook expects every update, Lightning must see each one: applying them unseen is refused
+    with pytest.raises(RuntimeError, match="Updates.applied: these updates go through LightningOptimizer.step"):
+        fit(K, callbacks=[EveryUpdate()], module_type=AppliedItself)

@@ -47,6 +47,7 @@ from zoo.divergence import check_finite
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.logs import log_batch_scalars
 from zoo.progress import Progress
 from zoo.steps import Updates
 
@@ -419,46 +420,9 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             total = losses[0].sum()
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
         first = losses[0]
-        self._log_training(first, first_step)
+        log_batch_scalars(self, first_step, {"loss": first}, members=first)
         # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
         return {"loss": total, "member_loss": first, "loss_step": first_step}
-
-    def _log_training(self, first: Tensor, first_step: int) -> None:
-        """The batch's loss (mean over members, and each member's up to ``MAX_MEMBER_TAGS``) at
-        ``first_step``, the step it belongs to (a logged ``step`` is the loggers' x-axis, Lightning's
-        documented rule), on the batches whose logged values reach the loggers (:meth:`_logs_written`).
-
-        ``self.log`` costs ~0.2-0.5 ms a key (Lightning moves its stored result to the value's device
-        at every call), as much as a GD step of 4,096 members: the keys are logged where something
-        reads them. Elsewhere only ``loss`` is, for a progress bar (it shows every batch's), at the
-        last batch of an epoch and of the fit (``callback_metrics``, what ``EarlyStopping`` and
-        ``ModelCheckpoint(monitor="loss")`` read at the epoch's end); between, ``callback_metrics``
-        hold the last logged batch's values."""
-        trainer = self.trainer
-        written = self._logs_written()
-        if written or trainer.progress_bar_callback is not None or self._last_batch():
-            self.log("loss", first.mean(), prog_bar=True)
-        if not written:
-            return
-        self.log("step", float(first_step))
-        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, first)})
-
-    def _logs_written(self) -> bool:
-        """Whether Lightning writes this training batch's logged values to the loggers: every
-        ``log_every_n_steps``-th batch of the fit (counted across epochs and resumes), and any batch
-        once the run is stopping or in a ``fast_dev_run`` (Lightning's rule, lightning 2.6;
-        tests/test_deep_linear_fast_path.py checks the rows it writes)."""
-        trainer = self.trainer
-        every = trainer.log_every_n_steps
-        batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # this one included
-        return (every > 0 and batches % every == 0) or trainer.should_stop or bool(trainer.fast_dev_run)
-
-    def _last_batch(self) -> bool:
-        """This batch ends an epoch or the fit (``max_steps``; ``global_step`` counts its updates already)."""
-        trainer = self.trainer
-        return (trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-                or 0 <= trainer.max_steps <= self.global_step)
 
     def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
         """``steps_per_batch`` GD steps with closed-form gradients; the losses (E,) of the first and
@@ -489,7 +453,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
                 last = self._two_layer.loss(D) if start is not None else None
             for W, g in zip(params, (self._two_layer.g1, self._two_layer.g2)):
                 W.grad = g  # as the optimizer's steps leave them: the last step's gradients
-            updates.count = self.steps_per_batch
+            updates.applied(self.steps_per_batch)
             updates.finish()
             return first, last, start
         if len(Ws) == 2:

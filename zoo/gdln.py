@@ -49,7 +49,8 @@ from zoo.divergence import check_finite
 from zoo.gdln_fast import GradientDescent, TwoLayerEpoch, run_together
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
-from zoo.labels import MAX_MEMBER_TAGS, member_labels
+from zoo.labels import member_labels
+from zoo.logs import log_batch_scalars
 from zoo.progress import Progress
 from zoo.steps import Updates
 from zoo.theory import gdln as theory
@@ -106,7 +107,7 @@ def epoch_update(module: pl.LightningModule, updates: Updates, n: int) -> Callab
     optimizer = GradientDescent.stepped_directly(updates)
     if optimizer is None:
         return updates
-    updates.count = n  # run_together and descend apply it exactly n times
+    updates.applied(n)  # run_together and descend apply it exactly n times
     return optimizer.update_fn()
 
 
@@ -422,13 +423,8 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
                      "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
-        # at the step of the weights it was measured on (Lightning's own axis counts batches): the
-        # loggers' x-axis, so not logged without a logger (self.log costs ~0.4 ms a key)
-        if self.trainer.loggers:
-            self.log("step", float(first_epoch))
-        self.log("loss", losses[0].mean(), prog_bar=True)
-        if 1 < self.ensemble <= MAX_MEMBER_TAGS:
-            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, losses[0])})
+        # at the step of the weights it was measured on (Lightning's own axis counts batches)
+        log_batch_scalars(self, first_epoch, {"loss": losses[0]}, members=losses[0])
         return {"loss": losses[0].sum(), "epoch_loss": {type(self).__name__: losses.detach().T}, "first_epoch": first_epoch}
 
     def evaluate(self, batch: tuple[Tensor, Tensor], metric: MeanSquaredError) -> MeanSquaredError:
@@ -928,11 +924,10 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
                      labels=[f"{name}/{lbl}" for name, m in zip(self.names, self.models) for lbl in m.labels],
                      hint="lr = " + ", ".join(f"{m.lr} ({name})" for name, m in zip(self.names, self.models))
                      + " is probably too large for this task; try lr / 10.")
-        out = {}
+        out, first = {}, {}
         for name, losses in zip(self.names, all_losses):
-            out[name] = losses.detach().T
-            self.log(f"loss/{name}", losses[0].mean())
-        self.log("step", float(first_epoch))  # as for a FullBatchNet
+            out[name], first[f"loss/{name}"] = losses.detach().T, losses[0]
+        log_batch_scalars(self, first_epoch, first, prog_bar=False)  # each model's loss, as a FullBatchNet's
         return {"loss": sum(l[:, 0].sum() for l in out.values()), "epoch_loss": out, "first_epoch": first_epoch}
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:

@@ -56,8 +56,9 @@ def advance_global_step(module: pl.LightningModule, n: int) -> None:
 
 
 class Updates:
-    """The update step of one training batch: ``step()`` applies one update; ``finish()`` after the
-    batch's last update makes Lightning's ``global_step`` count them.
+    """The update step of one training batch: ``step()`` applies one update (``applied(n)`` counts
+    ``n`` applied by the module itself); ``finish()`` after the batch's last update makes
+    Lightning's ``global_step`` count them.
 
     ``step`` is the torch optimizer's own ``step`` where :func:`direct_updates_allowed`, else
     ``LightningOptimizer.step`` (which counts each update itself)."""
@@ -72,6 +73,15 @@ class Updates:
     def __call__(self) -> None:
         self.step()
         self.count += 1
+
+    def applied(self, n: int) -> None:
+        """``n`` updates were applied directly, not through ``step`` (a loop with the optimizer's
+        update written in, ``zoo.gdln_fast.GradientDescent.stepped_directly``): ``finish`` counts them.
+        Only where updates bypass Lightning (``direct``): otherwise Lightning counts each one itself."""
+        if not self.direct:
+            raise RuntimeError("Updates.applied: these updates go through LightningOptimizer.step (a hook or plugin "
+                               "expects every update); apply each with updates() instead")
+        self.count += int(n)
 
     def finish(self) -> None:
         if self.direct and self.count:
