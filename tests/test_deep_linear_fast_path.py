@@ -39,7 +39,7 @@ def hand_gd(Ws: list[torch.Tensor], X: torch.Tensor, Y: torch.Tensor, lr: float,
             G = D.transpose(-1, -2) @ x / D.shape[-2]
             grads = [(W3 @ W2).transpose(-1, -2) @ G, W3.transpose(-1, -2) @ G @ W1.transpose(-1, -2),
                      G @ W21.transpose(-1, -2)]
-        losses.append(0.5 * D.pow(2).sum(-1).mean(-1))
+        losses.append(0.5 * D.pow(2).flatten(-2).sum(-1) / D.shape[-2])  # the module's order of the sums
         Ws = [W.add(g, alpha=-lr) for W, g in zip(Ws, grads)]  # torch.optim.SGD's update
     return Ws, losses
 

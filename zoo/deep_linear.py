@@ -387,7 +387,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
     def member_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """``1/(2N) sum_i |y_i - y_hat_i|^2`` of every member, (E,)."""
         x, y = batch
-        return 0.5 * (self(x) - y.to(self.W[0].dtype)).pow(2).sum(-1).mean(-1)
+        return half_mean_squared(self(x) - y.to(self.W[0].dtype))
 
     def losses_and_gradients(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, list[Tensor]]:
         """:meth:`member_loss` (E,) and its gradient with respect to every layer, in closed form
@@ -597,8 +597,11 @@ def closed_form_gradients(Ws: list[Tensor], x: Tensor, y: Tensor) -> tuple[Tenso
 
 
 def half_mean_squared(D: Tensor) -> Tensor:
-    """``1/(2N) sum_i |D_i|^2`` of residuals (E, N, n_out): each member's loss, (E,)."""
-    return 0.5 * D.pow(2).sum(-1).mean(-1)
+    """``1/(2N) sum_i |D_i|^2`` of residuals (E, N, n_out): each member's loss, (E,).
+
+    One sum over each member's N n_out squares: a reduction over the few (8) outputs of every sample
+    first, then a mean, costs ~5x more with many members (0.14 against 0.03 ms at E = 4096, 8 x 8)."""
+    return 0.5 * D.pow(2).flatten(-2).sum(-1) / D.shape[-2]
 
 
 class TwoLayerGradients:
@@ -658,7 +661,7 @@ class TwoLayerGradients:
 
     def loss(self, D: Tensor) -> Tensor:
         """:func:`half_mean_squared` of the residuals ``D`` of the last call."""
-        return 0.5 * torch.pow(D, 2, out=self.squares).sum(-1).mean(-1)
+        return 0.5 * torch.pow(D, 2, out=self.squares).flatten(-2).sum(-1) / D.shape[-2]
 
 
 def scheme_member_params(scheme: InitScheme, ensemble: int, seed: int) -> list[dict]:
