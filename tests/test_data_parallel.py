@@ -113,19 +113,28 @@ model:
 data:
   class_path: WhitenedRegression
   init_args: {n_in: 4, n_out: 4, num_samples: 16, batches_per_epoch: 4}
-trainer:
-  max_steps: 6
-  logger: false
-  enable_checkpointing: false
+"""
+XOR = """\
+seed_everything: 0
+model:
+  class_path: zoo.gdln.GDLN
+  init_args: {gating: xor, n_hidden: 4, init: {class_path: zoo.init.Gaussian, init_args: {sigma: 0.01}}, lr: 0.4,
+              epochs_per_step: 5}
+data:
+  class_path: datamodules.xor.XorMargin
+  init_args: {Delta: [1.0]}
 """
 
 
-def test_one_deep_linear_net_on_two_processes_counts_the_samples_of_one(tmp_path):
-    (tmp_path / "linear.yaml").write_text(LINEAR)
-    args = ["--config", str(tmp_path / "linear.yaml"), RANK_STATE]
+# (config, samples after 6 steps in one process): 3 batches of 2 steps on 16 samples; 6 epochs on XoR's 4 points
+@pytest.mark.parametrize("config, samples", [(LINEAR, 96), (XOR, 24)], ids=["deep_linear", "gdln"])
+def test_one_full_batch_net_on_two_processes_counts_the_samples_of_one(tmp_path, config, samples):
+    (tmp_path / "run.yaml").write_text(config)
+    args = ["--config", str(tmp_path / "run.yaml"), "--trainer.max_steps=6", "--trainer.max_epochs=-1",
+            "--trainer.logger=false", "--trainer.enable_checkpointing=false", RANK_STATE]
     ranks = rank_states(run_forked(tmp_path / "p2", *args))
     one = rank_states(fit_one(tmp_path / "p1", *args), 1)[0]
-    # 3 batches of 2 full-batch steps on the 16 samples, on each rank as in one process: 96
-    assert [r["samples_seen"] for r in ranks] == [one["samples_seen"]] * 2 == [96, 96]
-    for k, v in one["state_dict"].items():  # the ranks' mean gradient is the task's: the same run
-        torch.testing.assert_close(ranks[0]["state_dict"][k], v, rtol=1e-6, atol=1e-7, msg=k)
+    assert [r["samples_seen"] for r in ranks] == [one["samples_seen"]] * 2 == [samples] * 2
+    for k, v in one["state_dict"].items():  # every rank's gradient is the task's: the same run as on one
+        for r in ranks:
+            torch.testing.assert_close(r["state_dict"][k], v, rtol=1e-6, atol=1e-7, msg=k)

@@ -186,6 +186,9 @@ def test_one_beta_vae_trains_data_parallel_with_metrics_over_all_ranks(data_para
     tmp = data_parallel_runs
     assert [p.name for p in (tmp / "p2/checkpoints/fig13").iterdir()] == ["vae_mnist.ckpt"]  # once, by rank 0
     one, two = (scalars(tmp / f"p{n}/lightning_logs/version_0") for n in (1, 2))
+    # 2 epochs of the 256 training images: 16 steps of 32 in one process, of 16 + 16 on two
+    assert [int(_checkpoint(tmp / f"p{n}/lightning_logs/version_0")["state_dict"]["samples_seen_"])
+            for n in (1, 2)] == [512, 512]
     # the metrics are over all 256 held-out images, not rank 0's half: recomputed here from the final weights
     vae = BetaVAE.load_from_checkpoint(tmp / "p2/lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu")
     dm = MNISTImages(data_dir=str(SHARED_RAW.parents[1]), num_samples=256)
