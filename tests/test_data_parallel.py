@@ -103,16 +103,9 @@ def test_an_ensemble_on_two_processes_drops_a_member_on_both_and_stays_one_run(t
 # -- full-batch GD data-parallel: every rank's batch is the whole task, the run's step counts it once --
 LINEAR = """\
 seed_everything: 0
-model:
-  class_path: DeepLinearNet
-  init_args:
-    dims: [4, 3, 4]
-    init: {class_path: LambdaBalanced, init_args: {lam: [1.0], scale: 0.1}}
-    lr: 0.05
-    steps_per_batch: 2
-data:
-  class_path: WhitenedRegression
-  init_args: {n_in: 4, n_out: 4, num_samples: 16, batches_per_epoch: 4}
+model: {class_path: DeepLinearNet, init_args: {dims: [4, 3, 4], lr: 0.05, steps_per_batch: 2,
+        init: {class_path: LambdaBalanced, init_args: {lam: [1.0], scale: 0.1}}}}
+data: {class_path: WhitenedRegression, init_args: {n_in: 4, n_out: 4, num_samples: 16, batches_per_epoch: 4}}
 """
 XOR = """\
 seed_everything: 0
