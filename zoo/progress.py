@@ -4,13 +4,17 @@
 A module whose batch is more than one step of the theory's clock (a block of online-SGD samples
 in the teacher-student setting, [S] Sec. 2.2) counts that clock here.
 
-The count is the run's, the same on every process. Data-parallel (several processes, every one
-holding all the members, Lightning's distributed sampler dealing each its own part of every
-batch) a module counts its part with ``per_rank=True``: the sampler pads the data so that every
-rank gets as many samples, hence batches of one size at every step, and the run's step took
-``n * world_size`` (exact, and no collective). Member-parallel (``zoo.distributed``: every rank
-reads the whole stream), a module that splits the batch itself, or one whose batch is the whole
-task on every rank (full-batch GD) counts ``n``, the samples of the run's step.
+The count is the run's, the same on every process (a schedule that differed across ranks would
+leave one waiting in a collective), and a run on N processes counts what the one-process run on
+the same global batches counts. Data-parallel (every process holds all the members and
+Lightning's distributed sampler deals each its own part of every batch: SparseAutoencoder,
+BetaVAE) a module counts its part with ``per_rank=True``: the sampler pads the data so that
+every rank gets as many samples, hence batches of one size at every step, and the run's step
+took ``n * world_size`` (no collective; the padding, fewer than ``world_size`` repeated samples an
+epoch, counts as trained on, as it is). Every rank reads the whole stream
+(member-parallel, ``zoo.distributed``), a module splits the batch itself (the classifier), or
+every rank's batch is the whole task (full-batch GD: DeepLinearNet, GDLN, whose ranks then take
+the one-process step): ``n``, the samples of the run's step.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ class Progress:
 
     @property
     def samples_seen(self) -> int:
-        """Training samples consumed so far (for online SGD: the SGD steps taken)."""
+        """Training samples consumed so far by the run, every process's (for online SGD: the SGD steps taken)."""
         return self.samples_counted
 
     @property
