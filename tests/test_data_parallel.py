@@ -2,9 +2,9 @@
 stay one run: ``samples_seen`` is the run's count on every rank (zoo.progress) and an ensemble's
 drop-outs are the same on every rank (zoo.divergence, ``replicated``), so the replicas stay equal.
 
-The runs are 2 CPU processes forked from this one (tests/helpers_ddp); an ensemble trains
-data-parallel under Lightning's plain DDP (``ddp_find_unused_parameters_false``; the zoo's ``ddp``
-would shard its members).
+The runs are 2 CPU processes forked from this one (tests/helpers_ddp; about 1 s each, in the slow
+tier with the other multi-process runs); an ensemble trains data-parallel under Lightning's plain
+DDP (``ddp_find_unused_parameters_false``; the zoo's ``ddp`` would shard its members).
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def _sae_config(folder: Path) -> list[str]:
             "--trainer.max_steps=3", "--trainer.logger=false", "--trainer.enable_checkpointing=false", RANK_STATE]
 
 
+@pytest.mark.slow
 def test_an_ensemble_on_two_processes_drops_a_member_on_both_and_stays_one_run(tmp_path):
     args = _sae_config(tmp_path)
     run = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=8", strategy=PLAIN_DDP)
@@ -120,6 +121,7 @@ data:
 
 
 # (config, samples after 6 steps in one process): 3 batches of 2 steps on 16 samples; 6 epochs on XoR's 4 points
+@pytest.mark.slow
 @pytest.mark.parametrize("config, samples", [(LINEAR, 96), (XOR, 24)], ids=["deep_linear", "gdln"])
 def test_one_full_batch_net_on_two_processes_counts_the_samples_of_one(tmp_path, config, samples):
     (tmp_path / "run.yaml").write_text(config)
