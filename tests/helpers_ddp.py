@@ -18,11 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+import lightning.pytorch as pl
 import torch
 
 from resume_harness import REPO, assert_same_run, fit, scalars, weights
 
-__all__ = ["run_ddp", "start_ddp", "run_nodes", "run_forked", "in_process_group", "fit_one", "written_files", "assert_one_set", "assert_same_results",
+__all__ = ["RankState", "RANK_STATE", "rank_states", "run_ddp", "start_ddp", "run_nodes", "run_forked", "in_process_group", "fit_one", "written_files", "assert_one_set", "assert_same_results",
            "assert_close_results", "free_port", "weights", "scalars"]
 
 DDP = ("--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false")
@@ -97,7 +98,8 @@ def run_nodes(folder: Path, *args: str, nodes: int = 2, timeout: float = 240.0) 
     return folder / "lightning_logs" / "version_0"
 
 
-def run_forked(folder: Path, *args: str, nodes: int = 1, devices: int = 2, timeout: float = 240.0) -> Path:
+def run_forked(folder: Path, *args: str, nodes: int = 1, devices: int = 2, timeout: float = 240.0,
+               strategy: str = "ddp") -> Path:
     """``devices`` processes on each of ``nodes`` simulated machines, ``--trainer.devices=<devices>
     --trainer.num_nodes=<nodes> --trainer.strategy=ddp``, without new interpreters: each process is a
     forked child of this one, started with the variables Lightning's ``LightningEnvironment`` reads
@@ -105,10 +107,13 @@ def run_forked(folder: Path, *args: str, nodes: int = 1, devices: int = 2, timeo
     own launcher or a cluster's scheduler starts them, and it calls the CLI's ``main`` itself with
     torch, Lightning and the zoo already imported (about 5 s saved per process). Safe because this
     process runs torch with one thread (no OpenMP pool to inherit) and holds no process group. A
-    child's output goes to ``<folder>.rank<r>.log``, beside the folder; returns the run folder."""
+    child's output goes to ``<folder>.rank<r>.log``, beside the folder; returns the run folder.
+    ``strategy``: another ``--trainer.strategy``, e.g. Lightning's plain DDP
+    (``ddp_find_unused_parameters_false``), under which an ensemble trains data-parallel."""
     folder.mkdir(parents=True, exist_ok=True)
     port, world = str(free_port()), nodes * devices
-    _fork([partial(_forked_rank, folder, args, r // devices, r % devices, nodes, devices, port) for r in range(world)],
+    _fork([partial(_forked_rank, folder, (*args, *DDP, f"--trainer.strategy={strategy}"), r // devices, r % devices,
+                   nodes, devices, port) for r in range(world)],
           [Path(f"{folder}.rank{r}.log") for r in range(world)], timeout)
     return folder / "lightning_logs" / "version_0"
 
@@ -123,7 +128,7 @@ def _forked_rank(folder: Path, args: tuple[str, ...], node: int, local: int, nod
     from zoo.cli import main
 
     try:
-        main(["fit", *args, *DDP, f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"])
+        main(["fit", *args, f"--trainer.devices={devices}", f"--trainer.num_nodes={nodes}"])
         return 0
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -187,6 +192,28 @@ def _child(job: Callable[[], int], log_path: Path) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # not pytest's exit handlers: this is a copy of the test process
+
+
+class RankState(pl.Callback):
+    """At the end of training every rank saves what it holds, its module's state dict and
+    ``samples_seen``, beside the working directory (the run's folder): ``<folder>.rank<r>.pt``, as
+    :func:`run_forked`'s logs, so that the folder holds the run's files alone. What the checkpoint,
+    rank 0's, cannot show. Add it with ``RANK_STATE``; read it with :func:`rank_states`."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        here = Path.cwd()
+        torch.save({"samples_seen": pl_module.samples_seen, "state_dict": state},
+                   here.parent / f"{here.name}.rank{trainer.global_rank}.pt")
+
+
+RANK_STATE = '--trainer.callbacks=[{"class_path": "helpers_ddp.RankState"}]'
+
+
+def rank_states(run: Path, world: int = 2) -> list[dict]:
+    """What :class:`RankState` saved on each rank of the run whose folder is ``run`` (``.../version_0``)."""
+    folder = run.parents[1]
+    return [torch.load(folder.parent / f"{folder.name}.rank{r}.pt", weights_only=False) for r in range(world)]
 
 
 def fit_one(folder: Path, *args: str) -> Path:

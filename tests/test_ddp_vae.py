@@ -21,7 +21,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers_ddp import assert_one_set, fit_one, run_forked
+from helpers_ddp import RANK_STATE, assert_one_set, fit_one, rank_states, run_forked
 from resume_harness import REPO, figures, scalars
 
 from tests.helpers_mnist import SHARED_RAW, tiny_mnist
@@ -136,13 +136,15 @@ def test_one_sparse_autoencoder_trains_data_parallel_with_metrics_over_all_ranks
 
     data = tiny_mnist(tmp_path / "mnist")
     args = [*SAE_ARGS, f"--data.init_args.data_dir={data}"]
-    one = fit_one(tmp_path / "p1", *args, "--data.init_args.batch_size=16")
-    two = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=8")
+    one = fit_one(tmp_path / "p1", *args, "--data.init_args.batch_size=16", RANK_STATE)
+    two = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=8", RANK_STATE)
     assert_one_set(tmp_path / "p2", tmp_path / "p1")  # written once, by rank 0
     ckpt = _checkpoint(two)
     assert ckpt["global_step"] == 4 and ckpt["state_dict"]["W_enc"].shape[0] == 1
-    # rank 0 counted its half of the epoch: batches of 8 + 8 + 8 + 6 of the 60 codes (the whole stream: 32)
-    assert int(ckpt["state_dict"]["samples_seen_"]) == 30
+    # each rank trained on batches of 8 + 8 + 8 + 6 of its 30 codes: the run's 4 steps took all 60 (one
+    # epoch), as the one-process run's 16 + 16 + 16 + 12; every rank counts the run's samples
+    assert int(ckpt["state_dict"]["samples_seen_"]) == 60
+    assert [s["samples_seen"] for s in rank_states(two)] == [60, 60] and rank_states(one, 1)[0]["samples_seen"] == 60
     logged, reference = scalars(two), scalars(one)
     assert logged.keys() == reference.keys()
     # the last validation, recomputed here from the final weights on all 30 held-out codes (the CLI's VAE:
@@ -154,6 +156,11 @@ def test_one_sparse_autoencoder_trains_data_parallel_with_metrics_over_all_ranks
         step, value = logged[f"val/{name}"][-1]
         assert step == 4 and value == pytest.approx(float(whole[name]), rel=1e-5, abs=1e-7), name
     assert float(half["mse"]) != pytest.approx(float(whole["mse"]), rel=1e-3)  # the halves do differ
+    # resumed on 2 processes from the count saved: 2 more steps of 8 + 8 samples on each rank
+    resumed = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=8", RANK_STATE, "--trainer.max_steps=6",
+                         "--ckpt_path=last")
+    assert int(_checkpoint(resumed)["state_dict"]["samples_seen_"]) == 60 + 2 * 16
+    assert [s["samples_seen"] for s in rank_states(resumed)] == [92, 92]
 
 
 # -- one BetaVAE, data-parallel (plain DDP: each rank its share of every batch, gradients averaged) ----
@@ -179,6 +186,9 @@ def test_one_beta_vae_trains_data_parallel_with_metrics_over_all_ranks(data_para
     tmp = data_parallel_runs
     assert [p.name for p in (tmp / "p2/checkpoints/fig13").iterdir()] == ["vae_mnist.ckpt"]  # once, by rank 0
     one, two = (scalars(tmp / f"p{n}/lightning_logs/version_0") for n in (1, 2))
+    # 2 epochs of the 256 training images: 16 steps of 32 in one process, of 16 + 16 on two
+    assert [int(_checkpoint(tmp / f"p{n}/lightning_logs/version_0")["state_dict"]["samples_seen_"])
+            for n in (1, 2)] == [512, 512]
     # the metrics are over all 256 held-out images, not rank 0's half: recomputed here from the final weights
     vae = BetaVAE.load_from_checkpoint(tmp / "p2/lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu")
     dm = MNISTImages(data_dir=str(SHARED_RAW.parents[1]), num_samples=256)

@@ -7,7 +7,9 @@ Under ``torch.distributed`` (several processes, each with a slice of the members
 data-parallel model) the decision is taken for the whole run: the count of non-finite losses is
 summed over the ranks before it is read, so every rank raises together (a rank that raised alone
 would leave the others waiting in their next collective). Both functions are then collectives:
-call them on every rank, the same number of times.
+call them on every rank, the same number of times. A data-parallel module (every rank holds all
+the members and sees its own part of the batch) passes ``replicated=True`` to ``drop_diverged``,
+so that every rank drops the same members.
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def check_finite(losses: Tensor, *, step: int, labels: Sequence[str], hint: str)
     )
 
 
-def drop_diverged(losses: Tensor, alive: Tensor, *, step: int, labels: Sequence[str], hint: str) -> Tensor:
+def drop_diverged(losses: Tensor, alive: Tensor, *, step: int, labels: Sequence[str], hint: str,
+                  replicated: bool = False) -> Tensor:
     """The ensemble's survivors after this step's losses (E,): members whose loss is NaN/inf drop
     out with a warning that names them and the step; ``DivergenceError`` when none is left (in the
     whole run, when several processes share the members).
@@ -96,14 +99,25 @@ def drop_diverged(losses: Tensor, alive: Tensor, *, step: int, labels: Sequence[
     For sweeps over thousands of initialisations, where the edge of stability is part of what is
     being mapped: one diverging member should not end the others' run. Returns the new mask (E,).
     One host sync per call; under ``torch.distributed`` a collective.
+
+    ``replicated``: every process holds these same members (data-parallel: each its own part of
+    the batch, so a member's loss may be non-finite on one rank only). A member then drops out
+    where its loss is not finite on any rank, and every rank returns the same mask: ranks that
+    kept different members would train different replicas. Otherwise each rank decides for the
+    members it holds (member-parallel) and only the counts are summed.
     """
     finite = torch.isfinite(losses.detach())
+    if replicated and _world()[0] > 1:
+        bad_anywhere = (~finite).to(torch.int64)
+        dist.all_reduce(bad_anywhere)  # the one collective: which members any rank saw diverge
+        finite = bad_anywhere == 0
     survivors = alive & finite
     newly = alive & ~finite
-    n_new, n_left = _summed_over_ranks(torch.stack([newly.sum(), survivors.sum()]))
+    counts = torch.stack([newly.sum(), survivors.sum()])
+    n_new, n_left = counts.tolist() if replicated else _summed_over_ranks(counts)
     if n_new:
         local = _names(_local_labels(labels, newly.shape[0]), torch.nonzero(newly).flatten().tolist())
-        names = list(dict.fromkeys(_everyone(local)))
+        names = local if replicated else list(dict.fromkeys(_everyone(local)))
         if not n_left:
             raise DivergenceError(f"the loss is not finite at step {step} for every remaining ensemble member "
                                   f"({', '.join(names)}): training diverged and was stopped. {hint}")

@@ -3,10 +3,24 @@
 ``trainer.global_step`` is Lightning's count of optimizer updates and the zoo never writes it.
 A module whose batch is more than one step of the theory's clock (a block of online-SGD samples
 in the teacher-student setting, [S] Sec. 2.2) counts that clock here.
+
+The count is the run's, the same on every process (a schedule that differed across ranks would
+leave one waiting in a collective), and a run on N processes counts what the one-process run on
+the same global batches counts. Data-parallel (every process holds all the members and
+Lightning's distributed sampler deals each its own part of every batch: SparseAutoencoder,
+BetaVAE) a module counts its part with ``per_rank=True``: the sampler pads the data so that
+every rank gets as many samples, hence batches of one size at every step, and the run's step
+took ``n * world_size`` (no collective; the padding, fewer than ``world_size`` repeated samples an
+epoch, counts as trained on, as it is). Every rank reads the whole stream
+(member-parallel, ``zoo.distributed``), a module splits the batch itself (the classifier), or
+every rank's batch is the whole task (full-batch GD: DeepLinearNet, GDLN, whose ranks then take
+the one-process step): ``n``, the samples of the run's step.
 """
 from __future__ import annotations
 
 import torch
+
+from zoo.distributed import is_sharded
 
 
 class Progress:
@@ -24,13 +38,17 @@ class Progress:
         self.samples_counted = 0
         self.register_load_state_dict_post_hook(_count_from_buffer)
 
-    def count_samples(self, n: int) -> None:
+    def count_samples(self, n: int, *, per_rank: bool = False) -> None:
+        """Count one step's ``n`` samples; ``per_rank``: ``n`` is this process's part of a batch that
+        the distributed sampler dealt out to the ranks (see the module docstring)."""
+        if per_rank:
+            n = int(n) * data_parallel_ranks(self)
         self.samples_counted += int(n)
         self.samples_seen_.fill_(self.samples_counted)
 
     @property
     def samples_seen(self) -> int:
-        """Training samples consumed so far (for online SGD: the SGD steps taken)."""
+        """Training samples consumed so far by the run, every process's (for online SGD: the SGD steps taken)."""
         return self.samples_counted
 
     @property
@@ -43,6 +61,15 @@ class Progress:
 def _count_from_buffer(module, incompatible_keys) -> None:
     """After ``load_state_dict`` (a checkpoint, a resumed run): the host count is the loaded one."""
     module.samples_counted = int(module.samples_seen_)
+
+
+def data_parallel_ranks(module) -> int:
+    """The processes that each train ``module`` whole on their own part of the data: the Trainer's
+    world size, unless its members are sharded (``zoo.distributed``) or there is one process: 1."""
+    trainer = attached_trainer(module)
+    if trainer is None or is_sharded(module):
+        return 1
+    return int(trainer.world_size)
 
 
 def attached_trainer(module):

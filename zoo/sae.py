@@ -30,7 +30,7 @@ import torch
 from zoo.lazy import lazy_instance
 from torch import Tensor, nn
 
-from zoo.distributed import MemberParallel
+from zoo.distributed import MemberParallel, is_sharded
 from zoo.divergence import check_finite, drop_diverged
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Imbalance, InitScheme, from_spec
@@ -222,7 +222,7 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         x = self._vectors(batch)
-        self.count_samples(x.shape[0])
+        self.count_samples(x.shape[0], per_rank=True)  # data-parallel: this rank's part of the batch
         parts = self.member_loss(x)
         hint = f"lr = {self.lr} is probably too large; try lr / 10."
         # every member's numbers on every rank (one gather; identity in one process): all ranks decide alike
@@ -230,7 +230,9 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         if self.on_divergence == "stop":
             check_finite(full[:, 0], step=self.global_step, labels=self.labels, hint=hint)
         else:
-            self.alive = drop_diverged(full[:, 0], self.alive, step=self.global_step, labels=self.labels, hint=hint)
+            # data-parallel, each rank saw its own part of the batch: a member drops out everywhere or nowhere
+            self.alive = drop_diverged(full[:, 0], self.alive, step=self.global_step, labels=self.labels, hint=hint,
+                                       replicated=not is_sharded(self))
         alive = self.alive
         n_alive = alive.sum()
         # masked sums rather than boolean indexing: no host sync

@@ -500,7 +500,7 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
     # -- training -----------------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]
-        self.count_samples(x.shape[0])
+        self.count_samples(x.shape[0], per_rank=True)  # data-parallel: this rank's part of the batch
         out = self.losses(x, self.global_step)
         # data-parallel: the mean over the ranks' images (one collective), so every rank logs it and
         # decides about divergence alike (a rank that raised alone would leave the others waiting)
@@ -737,7 +737,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x = batch[0]
-        self.count_samples(x.shape[0])
+        self.count_samples(x.shape[0], per_rank=True)  # data-parallel: this rank's part of the batch
         out = self.member_losses(x, self.global_step)
         losses = out["loss"]
         # one gather of every member's numbers (identity in one process), so that all ranks decide alike
