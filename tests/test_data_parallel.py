@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers_ddp import RANK_STATE, fit_one, in_process_group, rank_states, run_forked
+from helpers_ddp import RANK_STATE, assert_close_results, fit_one, in_process_group, rank_states, run_forked, scalars
 
 from tests.helpers_mnist import tiny_mnist
 from zoo.divergence import DivergenceError, drop_diverged
@@ -133,3 +133,44 @@ def test_one_full_batch_net_on_two_processes_counts_the_samples_of_one(tmp_path,
     for k, v in one["state_dict"].items():  # every rank's gradient is the task's: the same run as on one
         for r in ranks:
             torch.testing.assert_close(r["state_dict"][k], v, rtol=1e-6, atol=1e-7, msg=k)
+
+
+# -- minibatch SGD of one DeepLinearNet, data-parallel: each rank deals itself its part of each epoch --------
+MINIBATCH = """\
+seed_everything: 0
+model: {class_path: DeepLinearNet, init_args: {dims: [4, 3, 4], lr: 0.05, steps_per_batch: 2,
+        init: {class_path: LambdaBalanced, init_args: {lam: [1.0], scale: 0.1}}}}
+data: {class_path: WhitenedRegression, init_args: {n_in: 4, n_out: 4, num_samples: 16}}
+"""
+
+
+def _minibatch_args(folder: Path, *extra: str) -> list[str]:
+    (folder / "run.yaml").write_text(MINIBATCH)
+    return ["--config", str(folder / "run.yaml"), "--trainer.max_epochs=-1", "--trainer.log_every_n_steps=1", RANK_STATE,
+            *extra]
+
+
+@pytest.mark.slow
+def test_minibatches_on_two_processes_train_as_one_process_with_both_parts(tmp_path):
+    """Batches of 4 on each of 2 ranks are one process's batches of 8 (16 samples: 2 batches an
+    epoch, so 3 batches cross into the second epoch); a checkpoint after the first batch, mid-epoch,
+    resumes on 2 processes to the uninterrupted run."""
+    args = _minibatch_args(tmp_path, "--trainer.max_steps=6")
+    two = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=4", timeout=120)
+    one = fit_one(tmp_path / "p1", *args, "--data.init_args.batch_size=8")
+    full = rank_states(two)
+    assert [r["samples_seen"] for r in full] == [6 * 8] * 2 == [rank_states(one, 1)[0]["samples_seen"]] * 2
+    for k, v in full[0]["state_dict"].items():
+        assert torch.equal(full[1]["state_dict"][k], v), f"{k} differs between the ranks"
+    # the mean of the two parts' mean gradients is the whole batch's, summed in another order; the
+    # logged loss is the whole batch's too
+    assert_close_results(one, two, rtol=1e-6, atol=1e-7)
+    assert len(scalars(two)["loss"]) == 3
+    half = _minibatch_args(tmp_path, "--trainer.max_steps=2", "--data.init_args.batch_size=4")
+    run_forked(tmp_path / "resumed", *half, timeout=120)
+    resumed = rank_states(run_forked(tmp_path / "resumed", *args, "--data.init_args.batch_size=4", "--ckpt_path", "last",
+                                     timeout=120))
+    for r, ref in zip(resumed, full):
+        assert r["samples_seen"] == ref["samples_seen"]
+        for k, v in ref["state_dict"].items():
+            assert torch.equal(r["state_dict"][k], v), f"resumed: {k} differs from the uninterrupted run"

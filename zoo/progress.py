@@ -19,6 +19,7 @@ the one-process step): ``n``, the samples of the run's step.
 from __future__ import annotations
 
 import torch
+from torch.utils.data import DistributedSampler
 
 from zoo.distributed import is_sharded
 
@@ -70,6 +71,19 @@ def data_parallel_ranks(module) -> int:
     if trainer is None or is_sharded(module):
         return 1
     return int(trainer.world_size)
+
+
+def dealt_out(trainer) -> bool:
+    """Whether ``trainer``'s training batches are dealt out to its processes, each taking its part:
+    the training loader's sampler is a ``DistributedSampler`` of more than one replica (Lightning's
+    own, put into a user's loader, or a datamodule's that deals itself, as
+    ``datamodules.regression.ShardedEpochShuffle``). Not so where every rank reads every batch (a
+    full batch, a member-parallel ensemble): then a rank's batch is the run's."""
+    loader = trainer.train_dataloader
+    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(sampler, DistributedSampler):
+            return sampler.num_replicas > 1
+    return False
 
 
 def attached_trainer(module):
