@@ -18,6 +18,8 @@ import torch.distributed as dist
 from helpers_ddp import RANK_STATE, assert_close_results, fit_one, in_process_group, rank_states, run_forked, scalars
 
 from tests.helpers_mnist import tiny_mnist
+from datamodules import WhitenedRegression
+from datamodules.regression import EpochShuffle
 from zoo.divergence import DivergenceError, drop_diverged
 from zoo.sae import SparseAutoencoder
 
@@ -130,6 +132,7 @@ def test_one_full_batch_net_on_two_processes_counts_the_samples_of_one(tmp_path,
     ranks = rank_states(run_forked(tmp_path / "p2", *args))
     one = rank_states(fit_one(tmp_path / "p1", *args), 1)[0]
     assert [r["samples_seen"] for r in ranks] == [one["samples_seen"]] * 2 == [samples] * 2
+    assert [r["epoch"] for r in ranks] == [one["epoch"]] * 2  # an epoch takes as many steps as in one process
     for k, v in one["state_dict"].items():  # every rank's gradient is the task's: the same run as on one
         for r in ranks:
             torch.testing.assert_close(r["state_dict"][k], v, rtol=1e-6, atol=1e-7, msg=k)
@@ -174,3 +177,25 @@ def test_minibatches_on_two_processes_train_as_one_process_with_both_parts(tmp_p
         assert r["samples_seen"] == ref["samples_seen"]
         for k, v in ref["state_dict"].items():
             assert torch.equal(r["state_dict"][k], v), f"resumed: {k} differs from the uninterrupted run"
+
+
+class NaNInRankOnesPart(WhitenedRegression):
+    """A NaN target in the sample at position 1 of the first epoch's permutation: rank 1's first
+    batch has it, rank 0's has not."""
+
+    def make(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        X, Y = super().make(generator)
+        Y[EpochShuffle(X.shape[0], self.seed).order()[1], 0] = NAN
+        return X, Y
+
+
+@pytest.mark.slow
+def test_a_nan_in_one_ranks_part_stops_both_ranks_at_its_step(tmp_path):
+    # one step a batch: rank 0's own loss is finite at step 0, only the ranks' mean says that the step diverged
+    args = _minibatch_args(tmp_path, "--trainer.max_steps=4", "--data.init_args.batch_size=4",
+                           f"--data={__name__}.NaNInRankOnesPart", "--model.init_args.steps_per_batch=1")
+    with pytest.raises(AssertionError, match="exit") as failed:
+        run_forked(tmp_path / "p2", *args, timeout=60)
+    assert "did not finish" not in str(failed.value)
+    for r in rank_states(tmp_path / "p2/lightning_logs/version_0"):
+        assert r["error"].startswith("the loss is not finite at step 0 for ensemble member(s) member0: training diverged")
