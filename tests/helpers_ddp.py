@@ -197,10 +197,10 @@ def _child(job: Callable[[], int], log_path: Path) -> None:
 class RankState(pl.Callback):
     """At the end of training every rank saves what it holds, its module's state dict,
     ``samples_seen`` and the epoch it is in, beside the working directory (the run's folder):
-    ``<folder>.rank<r>.pt``, as :func:`run_forked`'s logs, so that the folder holds the run's files alone. What the checkpoint,
-    rank 0's, cannot show; or, where the rank stopped on an exception, its message (``error``: a
-    forked child's messages do not reach its log). Add it with ``RANK_STATE``; read it with
-    :func:`rank_states`."""
+    ``<folder>.rank<r>.pt``, as :func:`run_forked`'s logs, so that the folder holds the run's files
+    alone. What the checkpoint, rank 0's, cannot show; or, where the rank stopped on an exception,
+    its message (``error``: a forked child's messages do not reach its log). Add it with
+    ``RANK_STATE``; read it with :func:`rank_states`."""
 
     def on_train_end(self, trainer, pl_module) -> None:
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
