@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
 from helpers_ddp import RANK_STATE, assert_close_results, fit_one, in_process_group, rank_states, run_forked, scalars
 
 from tests.helpers_mnist import tiny_mnist
@@ -199,3 +200,21 @@ def test_a_nan_in_one_ranks_part_stops_both_ranks_at_its_step(tmp_path):
     assert "did not finish" not in str(failed.value)
     for r in rank_states(tmp_path / "p2/lightning_logs/version_0"):
         assert r["error"].startswith("the loss is not finite at step 0 for ensemble member(s) member0: training diverged")
+
+
+class PlainShuffledLoader(WhitenedRegression):
+    """A user's own minibatches: a plain shuffled DataLoader, which Lightning deals out to the ranks
+    with its own DistributedSampler."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.X, self.Y), batch_size=self.batch_size, shuffle=True)
+
+
+@pytest.mark.slow
+def test_a_users_loader_dealt_out_by_lightning_counts_both_parts(tmp_path):
+    args = _minibatch_args(tmp_path, "--trainer.max_steps=6", "--data.init_args.batch_size=4", "--trainer.logger=false",
+                           f"--data={__name__}.PlainShuffledLoader")
+    ranks = rank_states(run_forked(tmp_path / "p2", *args, timeout=120))
+    assert [r["samples_seen"] for r in ranks] == [6 * 8] * 2  # 3 batches of 2 steps on 4 + 4 samples
+    for k, v in ranks[0]["state_dict"].items():
+        assert torch.equal(ranks[1]["state_dict"][k], v), f"{k} differs between the ranks"
