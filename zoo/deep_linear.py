@@ -27,7 +27,10 @@ Across processes (``--trainer.devices=N --trainer.strategy=ddp``, ``zoo.distribu
 ensemble is member-parallel: each rank trains members ``lo:hi`` on the whole data; the losses
 and errors are gathered so that rank 0 logs every member, and callbacks see every member
 (:meth:`DeepLinearNet.show_all_members`). One member alone trains data-parallel, its gradients
-averaged over the ranks.
+averaged over the ranks: on minibatches each rank trains on its part of every batch (the zoo's
+regression tasks deal them out, ``datamodules.regression.ShardedEpochShuffle``) and the logged
+loss, the divergence check and ``samples_seen`` are the whole batch's; a full batch is the whole
+task on every rank.
 """
 from __future__ import annotations
 

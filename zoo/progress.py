@@ -7,11 +7,12 @@ in the teacher-student setting, [S] Sec. 2.2) counts that clock here.
 The count is the run's, the same on every process (a schedule that differed across ranks would
 leave one waiting in a collective), and a run on N processes counts what the one-process run on
 the same global batches counts. Data-parallel (every process holds all the members and
-Lightning's distributed sampler deals each its own part of every batch: SparseAutoencoder,
-BetaVAE) a module counts its part with ``per_rank=True``: the sampler pads the data so that
-every rank gets as many samples, hence batches of one size at every step, and the run's step
-took ``n * world_size`` (no collective; the padding, fewer than ``world_size`` repeated samples an
-epoch, counts as trained on, as it is). Every rank reads the whole stream
+Lightning's distributed sampler, or a datamodule's own, deals each its own part of every batch:
+SparseAutoencoder, BetaVAE, DeepLinearNet on minibatches, :func:`dealt_out`) a module counts its
+part with ``per_rank=True``: the sampler pads the data so that every rank gets as many samples,
+hence batches of one size at every step, and the run's step took ``n * world_size`` (no
+collective; the padding, fewer than ``world_size`` repeated samples an epoch, counts as trained
+on, as it is). Every rank reads the whole stream
 (member-parallel, ``zoo.distributed``), a module splits the batch itself (the classifier), or
 every rank's batch is the whole task (full-batch GD: DeepLinearNet, GDLN, whose ranks then take
 the one-process step): ``n``, the samples of the run's step.
