@@ -12,19 +12,25 @@ descent, the papers' setting); ``batch_size`` switches to shuffled minibatches. 
 served from the device the model trains on (``trainer.strategy.root_device``), copied there once,
 so an accelerator does not receive the same data set again at every step.
 
+Data-parallel (one network on N > 1 processes, ``trainer.distributed_sampler_kwargs``): each rank
+takes its share of every epoch's minibatches (:class:`ShardedEpochShuffle`), so that a step of N
+ranks with ``batch_size`` b trains on the samples of one process's step with N b; a full batch
+stays the whole task on every rank, ``batches_per_epoch`` steps an epoch as in one process.
+
 Validation and test evaluate on the task's data set itself, as one batch: [L]'s tasks are fixed
 data sets to fit (the papers study the learning dynamics, not generalisation), so the error on
 them is the training error of the current weights.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterator, NamedTuple
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from zoo.devices import kept_on
 
@@ -82,10 +88,42 @@ class EpochShuffle(Sampler[int]):
         return self.n
 
     def __iter__(self) -> Iterator[int]:
-        state = int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0])
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(state)).tolist()
         skip, self.skip = self.skip, 0
-        return iter(order[skip:])
+        return iter(self.mine(self.order())[skip:])
+
+    def order(self) -> list[int]:
+        """The epoch's permutation of ``range(n)``."""
+        state = int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0])
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(state)).tolist()
+
+    def mine(self, order: list[int]) -> list[int]:
+        """This process's part of the epoch's ``order``: all of it."""
+        return order
+
+
+class ShardedEpochShuffle(EpochShuffle, DistributedSampler):
+    """:class:`EpochShuffle`'s epoch dealt out to ``num_replicas`` processes: rank r takes positions
+    r, r + N, r + 2N, ... of the permutation, padded with its first entries to a multiple of N (as
+    ``DistributedSampler`` pads), so every rank has as many batches (a rank with one batch less
+    would leave the others waiting in a collective). Batch k of every rank together is positions
+    ``k N b ... (k + 1) N b - 1``: one process's batch k with batch size N b. ``skip`` counts this
+    rank's own samples. A ``DistributedSampler``, so Lightning does not wrap it in another one."""
+
+    def __init__(self, n: int, seed: int, num_replicas: int, rank: int) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"ShardedEpochShuffle: rank = {rank}, num_replicas = {num_replicas}; allowed: 0 <= rank < num_replicas")
+        EpochShuffle.__init__(self, n, seed)
+        self.num_replicas, self.rank = num_replicas, rank
+        self.num_samples = math.ceil(n / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self.shuffle, self.drop_last = True, False
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def mine(self, order: list[int]) -> list[int]:
+        padded = (order * math.ceil(self.total_size / self.n))[: self.total_size]
+        return padded[self.rank : self.total_size : self.num_replicas]
 
 
 class ResumableLoader(DataLoader):
@@ -175,11 +213,25 @@ class LinearTask(pl.LightningDataModule):
         return TaskModes(U, s, Vh.T, c)
 
     def train_dataloader(self) -> DataLoader:
+        world, rank = self._data_parallel_ranks()
         if self.batch_size is None:
-            return DataLoader(RepeatedBatch(*self._full_batch(), self.batches_per_epoch), batch_size=None, shuffle=False)
+            data = RepeatedBatch(*self._full_batch(), self.batches_per_epoch)
+            if world == 1:
+                return DataLoader(data, batch_size=None, shuffle=False)
+            # every rank the whole task at every step, an epoch of batches_per_epoch steps: a sampler of
+            # one replica, which Lightning leaves as it is (its own would deal the repeats out)
+            return DataLoader(data, batch_size=None, sampler=DistributedSampler(data, num_replicas=1, rank=0, shuffle=False))
         X, Y = self._data()  # minibatches are drawn on the host (Lightning moves each one)
-        return ResumableLoader(TensorDataset(X, Y), self.batch_size, EpochShuffle(X.shape[0], self.seed),
-                               batches_done=self._batches_done)
+        n = X.shape[0]
+        sampler = EpochShuffle(n, self.seed) if world == 1 else ShardedEpochShuffle(n, self.seed, world, rank)
+        return ResumableLoader(TensorDataset(X, Y), self.batch_size, sampler, batches_done=self._batches_done)
+
+    def _data_parallel_ranks(self) -> tuple[int, int]:
+        """(processes that share each batch, this one's rank): the strategy's sampler arguments, which
+        say 1 for a member-parallel ensemble (every rank reads the whole stream) and without a Trainer."""
+        trainer = getattr(self, "trainer", None)
+        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+        return (int(kwargs["num_replicas"]), int(kwargs["rank"])) if kwargs else (1, 0)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(RepeatedBatch(*self._full_batch(), 1), batch_size=None, shuffle=False)

@@ -195,16 +195,24 @@ def _child(job: Callable[[], int], log_path: Path) -> None:
 
 
 class RankState(pl.Callback):
-    """At the end of training every rank saves what it holds, its module's state dict and
-    ``samples_seen``, beside the working directory (the run's folder): ``<folder>.rank<r>.pt``, as
-    :func:`run_forked`'s logs, so that the folder holds the run's files alone. What the checkpoint,
-    rank 0's, cannot show. Add it with ``RANK_STATE``; read it with :func:`rank_states`."""
+    """At the end of training every rank saves what it holds, its module's state dict,
+    ``samples_seen`` and the epoch it is in, beside the working directory (the run's folder):
+    ``<folder>.rank<r>.pt``, as :func:`run_forked`'s logs, so that the folder holds the run's files
+    alone. What the checkpoint, rank 0's, cannot show; or, where the rank stopped on an exception,
+    its message (``error``: a forked child's messages do not reach its log). Add it with
+    ``RANK_STATE``; read it with :func:`rank_states`."""
 
     def on_train_end(self, trainer, pl_module) -> None:
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        self._save(trainer, {"samples_seen": pl_module.samples_seen, "epoch": trainer.current_epoch, "state_dict": state})
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._save(trainer, {"error": str(exception)})
+
+    @staticmethod
+    def _save(trainer, what: dict) -> None:
         here = Path.cwd()
-        torch.save({"samples_seen": pl_module.samples_seen, "state_dict": state},
-                   here.parent / f"{here.name}.rank{trainer.global_rank}.pt")
+        torch.save(what, here.parent / f"{here.name}.rank{trainer.global_rank}.pt")
 
 
 RANK_STATE = '--trainer.callbacks=[{"class_path": "helpers_ddp.RankState"}]'

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers_ddp import RANK_STATE, fit_one, in_process_group, rank_states, run_forked
+from torch.utils.data import DataLoader, TensorDataset
+from helpers_ddp import RANK_STATE, assert_close_results, fit_one, in_process_group, rank_states, run_forked, scalars
 
 from tests.helpers_mnist import tiny_mnist
+from datamodules import WhitenedRegression
+from datamodules.regression import EpochShuffle
 from zoo.divergence import DivergenceError, drop_diverged
 from zoo.sae import SparseAutoencoder
 
@@ -130,6 +133,88 @@ def test_one_full_batch_net_on_two_processes_counts_the_samples_of_one(tmp_path,
     ranks = rank_states(run_forked(tmp_path / "p2", *args))
     one = rank_states(fit_one(tmp_path / "p1", *args), 1)[0]
     assert [r["samples_seen"] for r in ranks] == [one["samples_seen"]] * 2 == [samples] * 2
+    assert [r["epoch"] for r in ranks] == [one["epoch"]] * 2  # an epoch takes as many steps as in one process
     for k, v in one["state_dict"].items():  # every rank's gradient is the task's: the same run as on one
         for r in ranks:
             torch.testing.assert_close(r["state_dict"][k], v, rtol=1e-6, atol=1e-7, msg=k)
+
+
+# -- minibatch SGD of one DeepLinearNet, data-parallel: each rank deals itself its part of each epoch --------
+MINIBATCH = """\
+seed_everything: 0
+model: {class_path: DeepLinearNet, init_args: {dims: [4, 3, 4], lr: 0.05, steps_per_batch: 2,
+        init: {class_path: LambdaBalanced, init_args: {lam: [1.0], scale: 0.1}}}}
+data: {class_path: WhitenedRegression, init_args: {n_in: 4, n_out: 4, num_samples: 16}}
+"""
+
+
+def _minibatch_args(folder: Path, *extra: str) -> list[str]:
+    (folder / "run.yaml").write_text(MINIBATCH)
+    return ["--config", str(folder / "run.yaml"), "--trainer.max_epochs=-1", "--trainer.log_every_n_steps=1", RANK_STATE,
+            *extra]
+
+
+@pytest.mark.slow
+def test_minibatches_on_two_processes_train_as_one_process_with_both_parts(tmp_path):
+    """Batches of 4 on each of 2 ranks are one process's batches of 8 (16 samples: 2 batches an
+    epoch, so 3 batches cross into the second epoch); a checkpoint after the first batch, mid-epoch,
+    resumes on 2 processes to the uninterrupted run."""
+    args = _minibatch_args(tmp_path, "--trainer.max_steps=6")
+    two = run_forked(tmp_path / "p2", *args, "--data.init_args.batch_size=4", timeout=120)
+    one = fit_one(tmp_path / "p1", *args, "--data.init_args.batch_size=8")
+    full = rank_states(two)
+    assert [r["samples_seen"] for r in full] == [6 * 8] * 2 == [rank_states(one, 1)[0]["samples_seen"]] * 2
+    for k, v in full[0]["state_dict"].items():
+        assert torch.equal(full[1]["state_dict"][k], v), f"{k} differs between the ranks"
+    # the mean of the two parts' mean gradients is the whole batch's, summed in another order; the
+    # logged loss is the whole batch's too
+    assert_close_results(one, two, rtol=1e-6, atol=1e-7)
+    assert len(scalars(two)["loss"]) == 3
+    half = _minibatch_args(tmp_path, "--trainer.max_steps=2", "--data.init_args.batch_size=4")
+    run_forked(tmp_path / "resumed", *half, timeout=120)
+    resumed = rank_states(run_forked(tmp_path / "resumed", *args, "--data.init_args.batch_size=4", "--ckpt_path", "last",
+                                     timeout=120))
+    for r, ref in zip(resumed, full):
+        assert r["samples_seen"] == ref["samples_seen"]
+        for k, v in ref["state_dict"].items():
+            assert torch.equal(r["state_dict"][k], v), f"resumed: {k} differs from the uninterrupted run"
+
+
+class NaNInRankOnesPart(WhitenedRegression):
+    """A NaN target in the sample at position 1 of the first epoch's permutation: rank 1's first
+    batch has it, rank 0's has not."""
+
+    def make(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        X, Y = super().make(generator)
+        Y[EpochShuffle(X.shape[0], self.seed).order()[1], 0] = NAN
+        return X, Y
+
+
+@pytest.mark.slow
+def test_a_nan_in_one_ranks_part_stops_both_ranks_at_its_step(tmp_path):
+    # one step a batch: rank 0's own loss is finite at step 0, only the ranks' mean says that the step diverged
+    args = _minibatch_args(tmp_path, "--trainer.max_steps=4", "--data.init_args.batch_size=4",
+                           f"--data={__name__}.NaNInRankOnesPart", "--model.init_args.steps_per_batch=1")
+    with pytest.raises(AssertionError, match="exit") as failed:
+        run_forked(tmp_path / "p2", *args, timeout=60)
+    assert "did not finish" not in str(failed.value)
+    for r in rank_states(tmp_path / "p2/lightning_logs/version_0"):
+        assert r["error"].startswith("the loss is not finite at step 0 for ensemble member(s) member0: training diverged")
+
+
+class PlainShuffledLoader(WhitenedRegression):
+    """A user's own minibatches: a plain shuffled DataLoader, which Lightning deals out to the ranks
+    with its own DistributedSampler."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.X, self.Y), batch_size=self.batch_size, shuffle=True)
+
+
+@pytest.mark.slow
+def test_a_users_loader_dealt_out_by_lightning_counts_both_parts(tmp_path):
+    args = _minibatch_args(tmp_path, "--trainer.max_steps=6", "--data.init_args.batch_size=4", "--trainer.logger=false",
+                           f"--data={__name__}.PlainShuffledLoader")
+    ranks = rank_states(run_forked(tmp_path / "p2", *args, timeout=120))
+    assert [r["samples_seen"] for r in ranks] == [6 * 8] * 2  # 3 batches of 2 steps on 4 + 4 samples
+    for k, v in ranks[0]["state_dict"].items():
+        assert torch.equal(ranks[1]["state_dict"][k], v), f"{k} differs between the ranks"

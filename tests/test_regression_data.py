@@ -74,3 +74,27 @@ def test_validation_and_test_evaluate_on_the_task_itself_in_one_batch(batch_size
     for loader in (dm.val_dataloader(), dm.test_dataloader()):
         batches = list(loader)
         assert len(batches) == 1 and torch.equal(batches[0][0], dm.X) and torch.equal(batches[0][1], dm.Y)
+
+
+def test_an_epoch_dealt_out_to_ranks_covers_it_evenly_and_resumes_per_rank():
+    from datamodules.regression import EpochShuffle, ShardedEpochShuffle
+
+    one = EpochShuffle(10, seed=3)
+    one.set_epoch(2)
+    order = list(one)
+    assert sorted(order) == list(range(10)) and order == one.order()  # one process: the whole permutation
+    ranks = [ShardedEpochShuffle(10, seed=3, num_replicas=4, rank=r) for r in range(4)]
+    for s in ranks:
+        s.set_epoch(2)
+    parts = [list(s) for s in ranks]
+    assert [len(p) for p in parts] == [len(s) for s in ranks] == [3] * 4  # ceil(10 / 4) each: as many batches
+    # rank r holds positions r, r + 4, ... of the same permutation, padded with its first two entries
+    assert [p[k] for k in range(3) for p in parts] == order + order[:2]
+    assert sorted(sum(parts, [])) == sorted(order + order[:2])
+    # with batch size 1 a step of the four ranks is one contiguous stretch of four positions
+    assert [{p[1] for p in parts}] == [set(order[4:8])]
+    # a resumed pass leaves out this rank's own first samples, the next pass is whole again
+    ranks[1].skip = 2
+    assert list(ranks[1]) == parts[1][2:] and list(ranks[1]) == parts[1]
+    with pytest.raises(ValueError, match="rank = 4, num_replicas = 4"):
+        ShardedEpochShuffle(10, seed=3, num_replicas=4, rank=4)

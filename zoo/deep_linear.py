@@ -27,7 +27,10 @@ Across processes (``--trainer.devices=N --trainer.strategy=ddp``, ``zoo.distribu
 ensemble is member-parallel: each rank trains members ``lo:hi`` on the whole data; the losses
 and errors are gathered so that rank 0 logs every member, and callbacks see every member
 (:meth:`DeepLinearNet.show_all_members`). One member alone trains data-parallel, its gradients
-averaged over the ranks.
+averaged over the ranks: on minibatches each rank trains on its part of every batch (the zoo's
+regression tasks deal them out, ``datamodules.regression.ShardedEpochShuffle``) and the logged
+loss, the divergence check and ``samples_seen`` are the whole batch's; a full batch is the whole
+task on every rank.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.logs import log_batch_scalars
-from zoo.progress import Progress
+from zoo.progress import Progress, dealt_out
 from zoo.steps import Updates
 
 
@@ -405,29 +408,34 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         first_step = self.global_step
+        data_parallel = self._data_parallel()
         # a subclass that changes the loss gets autograd; the zoo's own loss has closed-form gradients
         if type(self).member_loss is DeepLinearNet.member_loss:
-            first, last, start = self._closed_form_steps(batch)
+            first, last, start = self._closed_form_steps(batch, data_parallel)
             # every member's losses on every rank (members are sharded across processes): one exchange
             # and one host sync per call, and every rank takes the same decision on divergence
             losses = self.all_member_values(first[None] if last is None else torch.stack([first, last]), dim=1)
+            if data_parallel:  # each rank's loss is its part's: the step's is their mean
+                losses = self.trainer.strategy.reduce(losses, reduce_op="mean")
             total = losses[0].sum()
             # losses are >= 0 or NaN: a sum is finite unless a loss is not (or the sum overflowed: then look)
             if not math.isfinite(total if last is None else losses.sum()) and not bool(torch.isfinite(losses).all()):
                 self._stop_diverged(batch, first_step, losses, start)
         else:
-            losses = self._autograd_steps(batch, first_step)
+            losses = self._autograd_steps(batch, first_step, data_parallel)
             total = losses[0].sum()
-        self.count_samples(batch[0].shape[-2] * self.steps_per_batch)
+        # data-parallel minibatches: this rank's part of the step's; a full batch is the run's on every rank
+        self.count_samples(batch[0].shape[-2] * self.steps_per_batch, per_rank=data_parallel and dealt_out(self.trainer))
         first = losses[0]
         log_batch_scalars(self, first_step, {"loss": first}, members=first)
         # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
         return {"loss": total, "member_loss": first, "loss_step": first_step}
 
-    def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
+    def _closed_form_steps(self, batch: tuple[Tensor, Tensor], data_parallel: bool = False) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
         """``steps_per_batch`` GD steps with closed-form gradients; the losses (E,) of the first and
         the last step (None for one step), and the weights at the start (None for one step), kept so
         that a divergence can be replayed to name its first step (:meth:`_stop_diverged`).
+        ``data_parallel``: each step's gradients are the ranks' mean.
 
         The loop holds only a step's arithmetic and its update by the configured optimizer, applied
         by ``zoo.steps.Updates`` (the optimizer's own ``step``, each update counted by Lightning as an
@@ -443,7 +451,6 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         updates, params = Updates(self), list(self.W)
         Ws = [W.detach() for W in params]  # plain tensors: a Parameter's every operation costs more Python
         x, y = self._gd_batch(batch)
-        data_parallel = not is_sharded(self) and self.trainer.world_size > 1
         start = [W.clone() for W in Ws] if self.steps_per_batch > 1 else None
         gd = None if data_parallel or len(Ws) != 2 else GradientDescent.stepped_directly(updates)
         lrs = gd.rates(params) if gd is not None else None
@@ -474,10 +481,15 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         updates.finish()
         return first, last, start
 
-    def _autograd_steps(self, batch: tuple[Tensor, Tensor], first_step: int) -> Tensor:
+    def _data_parallel(self) -> bool:
+        """One network on several processes, each on its part of the data (not sharded members)."""
+        return not is_sharded(self) and self.trainer.world_size > 1
+
+    def _autograd_steps(self, batch: tuple[Tensor, Tensor], first_step: int, data_parallel: bool = False) -> Tensor:
         """``steps_per_batch`` steps of autograd on :meth:`member_loss` (a subclass's loss); every
         step's losses of every member, (steps, E), checked (a subclass's loss may be finite again
-        after a non-finite one)."""
+        after a non-finite one); ``data_parallel``: averaged over the ranks first, so that every
+        rank takes the same decision."""
         opt, updates, step_losses = self.optimizers(), Updates(self), []
         for _ in range(self.steps_per_batch):
             losses = self.member_loss(batch)
@@ -487,6 +499,8 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             updates()
         updates.finish()
         losses = self.all_member_values(torch.stack(step_losses), dim=1)
+        if data_parallel:
+            losses = self.trainer.strategy.reduce(losses, reduce_op="mean")
         self._check_finite(losses, first_step)
         return losses
 
@@ -501,7 +515,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         if start is not None:
             Ws, rows = [W.clone() for W in start], []
             x, y = self._gd_batch(batch)
-            data_parallel = not is_sharded(self) and self.trainer.world_size > 1
+            data_parallel = self._data_parallel()
             with torch.no_grad():
                 for _ in range(self.steps_per_batch):
                     D, grads = closed_form_gradients(Ws, x, y)
@@ -510,7 +524,10 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
                         grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
                     for W, g in zip(Ws, grads):
                         W.add_(g, alpha=-self.lr)
-            self._check_finite(self.all_member_values(torch.stack(rows), dim=1), first_step)
+            replayed = self.all_member_values(torch.stack(rows), dim=1)
+            if data_parallel:  # the step's losses, as the run's check saw them: the same step named on every rank
+                replayed = self.trainer.strategy.reduce(replayed, reduce_op="mean")
+            self._check_finite(replayed, first_step)
         # no replay (one step), or one that did not reproduce the run (an optimizer other than plain GD)
         self._check_finite(losses[:1], first_step)
         self._check_finite(losses[1:], first_step + self.steps_per_batch - 1)

@@ -7,11 +7,12 @@ in the teacher-student setting, [S] Sec. 2.2) counts that clock here.
 The count is the run's, the same on every process (a schedule that differed across ranks would
 leave one waiting in a collective), and a run on N processes counts what the one-process run on
 the same global batches counts. Data-parallel (every process holds all the members and
-Lightning's distributed sampler deals each its own part of every batch: SparseAutoencoder,
-BetaVAE) a module counts its part with ``per_rank=True``: the sampler pads the data so that
-every rank gets as many samples, hence batches of one size at every step, and the run's step
-took ``n * world_size`` (no collective; the padding, fewer than ``world_size`` repeated samples an
-epoch, counts as trained on, as it is). Every rank reads the whole stream
+Lightning's distributed sampler, or a datamodule's own, deals each its own part of every batch:
+SparseAutoencoder, BetaVAE, DeepLinearNet on minibatches, :func:`dealt_out`) a module counts its
+part with ``per_rank=True``: the sampler pads the data so that every rank gets as many samples,
+hence batches of one size at every step, and the run's step took ``n * world_size`` (no
+collective; the padding, fewer than ``world_size`` repeated samples an epoch, counts as trained
+on, as it is). Every rank reads the whole stream
 (member-parallel, ``zoo.distributed``), a module splits the batch itself (the classifier), or
 every rank's batch is the whole task (full-batch GD: DeepLinearNet, GDLN, whose ranks then take
 the one-process step): ``n``, the samples of the run's step.
@@ -19,6 +20,7 @@ the one-process step): ``n``, the samples of the run's step.
 from __future__ import annotations
 
 import torch
+from torch.utils.data import DistributedSampler
 
 from zoo.distributed import is_sharded
 
@@ -70,6 +72,19 @@ def data_parallel_ranks(module) -> int:
     if trainer is None or is_sharded(module):
         return 1
     return int(trainer.world_size)
+
+
+def dealt_out(trainer) -> bool:
+    """Whether ``trainer``'s training batches are dealt out to its processes, each taking its part:
+    the training loader's sampler is a ``DistributedSampler`` of more than one replica (Lightning's
+    own, put into a user's loader, or a datamodule's that deals itself, as
+    ``datamodules.regression.ShardedEpochShuffle``). Not so where every rank reads every batch (a
+    full batch, a member-parallel ensemble): then a rank's batch is the run's."""
+    loader = trainer.train_dataloader
+    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(sampler, DistributedSampler):
+            return sampler.num_replicas > 1
+    return False
 
 
 def attached_trainer(module):
