@@ -64,6 +64,24 @@ def test_killed_after_its_checkpoint_every_point_shows_once(reference, tmp_path)
         assert len(steps) == len(set(steps)), f"{tag}: a step shown twice"
 
 
+def test_resumed_from_an_epochs_end_the_loss_keeps_its_rows(tmp_path):
+    """A checkpoint saved at an epoch's end (step 100: epochs of 10 batches of 10 steps); the loss
+    is written every 3rd batch. Resumed from it, the run writes the rows of the uninterrupted run
+    (Lightning's own count of batches runs one ahead after such a resume: rows it chose moved by a
+    batch, and the zoo's loss, logged on the rows the zoo counts, went missing from there on)."""
+    import json
+
+    from resume_harness import REPO
+
+    every_100 = json.dumps({"class_path": "zoo.checkpoint.RunCheckpoint", "init_args": {"every_n_train_steps": 100}})
+    args = ["--config", f"{REPO}/recipes/quickstart.yaml", "--trainer.max_steps=200",
+            "--trainer.log_every_n_steps=3", f"--trainer.callbacks+={every_100}"]
+    full = fit(tmp_path / "full", *args)
+    run = resume_from_kept(tmp_path / "killed", args, 100)
+    assert [s for s, _ in scalars(run)["loss"]] == [20, 50, 80, 110, 140, 170]
+    assert_same_run(full, run)
+
+
 class SigtermAt(pl.Callback):
     """Sends this process SIGTERM at the end of the batch that reaches ``step``, as a cluster
     scheduler would mid-run (in-process: the subprocess of the SIGKILL test costs an interpreter

@@ -54,37 +54,43 @@ def log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int | None
 
 def log_batch_scalars(module: pl.LightningModule, step: int, losses: Mapping[str, torch.Tensor],
                       members: torch.Tensor | None = None, prog_bar: bool = True) -> None:
-    """A training batch's scalars through ``module.log``: under each key of ``losses`` the mean of
-    its tensor (e.g. ``{"loss": member_losses}``), each member's loss ``members`` (E,) as
-    ``loss/<label>`` (``module.labels``; while ``1 < E <= MAX_MEMBER_TAGS``), and ``step``, the step
-    of the weights the losses were measured on (a logged ``step`` is the loggers' x-axis,
-    Lightning's documented rule). Call it once per training batch, after the batch's updates.
+    """A training batch's scalars: under each key of ``losses`` the mean of its tensor (e.g.
+    ``{"loss": member_losses}``) and each member's loss ``members`` (E,) as ``loss/<label>``
+    (``module.labels``; while ``1 < E <= MAX_MEMBER_TAGS``), at ``step``, the step of the weights the
+    losses were measured on. Call it once per training batch, after the batch's updates.
 
-    Every key is logged on the batches whose logged values reach the loggers
-    (:func:`batch_written`), so the rows written are those of logging every batch. Elsewhere only
-    ``losses`` are: for a progress bar (``prog_bar``: it shows every batch's) and at the last batch
-    of an epoch and of the fit (:func:`ends_epoch_or_fit`: ``callback_metrics``, what
-    ``EarlyStopping`` and ``ModelCheckpoint(monitor="loss")`` read at the epoch's end); between
-    written batches ``callback_metrics`` hold the last logged batch's values. Why not every batch:
-    ``self.log`` costs ~0.2-0.5 ms a key (Lightning moves its stored result to the value's device at
-    every call), as much as a GD step of 4,096 members, so a key is logged where something reads it."""
+    The loggers get a row on every ``log_every_n_steps``-th batch of the fit (:func:`batch_written`),
+    written here, at ``step``: the rows Lightning writes when a module logs every batch, but counted
+    by the zoo, so that a resumed run writes the rows of the run it continues (Lightning 2.6 counts
+    one batch more after resuming from a checkpoint saved at an epoch's end, and its rows move by one
+    batch). ``module.log`` (``logger=False``) gives the progress bar (``prog_bar``: it shows every
+    batch's ``losses``) and ``callback_metrics``: the losses at the last batch of an epoch and of the
+    fit (:func:`ends_epoch_or_fit`: what ``EarlyStopping`` and ``ModelCheckpoint(monitor="loss")``
+    read at the epoch's end), every key on the written batches; between them ``callback_metrics``
+    hold the last logged values. Why not every batch: ``self.log`` costs ~0.2-0.5 ms a key
+    (Lightning moves its stored result to the value's device at every call), as much as a GD step of
+    4,096 members, so a key is logged where something reads it."""
     trainer = module.trainer
     written = batch_written(trainer)
+    means = {key: values.mean() for key, values in losses.items()}
     if written or (prog_bar and trainer.progress_bar_callback is not None) or ends_epoch_or_fit(module):
-        for key, values in losses.items():
-            module.log(key, values.mean(), prog_bar=prog_bar)
+        for key, value in means.items():
+            module.log(key, value, prog_bar=prog_bar, logger=False)
     if not written:
         return
-    module.log("step", float(step))
-    if members is not None and 1 < len(members) <= MAX_MEMBER_TAGS:
-        module.log_dict({f"loss/{lbl}": l for lbl, l in zip(module.labels, members)})
+    per_member = ({f"loss/{lbl}": l for lbl, l in zip(module.labels, members)}
+                  if members is not None and 1 < len(members) <= MAX_MEMBER_TAGS else {})
+    module.log("step", float(step), logger=False)
+    if per_member:
+        module.log_dict(per_member, logger=False)
+    log_scalars(trainer, {**means, **per_member}, step=step)
 
 
 def batch_written(trainer: pl.Trainer) -> bool:
-    """Whether Lightning writes this training batch's logged values to the loggers: every
-    ``log_every_n_steps``-th batch of the fit (counted across epochs and resumes), and any batch
-    once the run is stopping or in a ``fast_dev_run`` (Lightning's rule, lightning 2.6;
-    tests/test_deep_linear_fast_path.py and tests/test_batch_scalars.py check the rows it writes)."""
+    """Whether this training batch gets a row in the loggers: every ``log_every_n_steps``-th batch of
+    the fit (counted across epochs and resumes, by the batches started), and any batch once the run
+    is stopping or in a ``fast_dev_run`` (Lightning's rule for what a module logs, lightning 2.6;
+    tests/test_deep_linear_fast_path.py and tests/test_batch_scalars.py check the rows)."""
     every = trainer.log_every_n_steps
     batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # this one included
     return (every > 0 and batches % every == 0) or trainer.should_stop or bool(trainer.fast_dev_run)
