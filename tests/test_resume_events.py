@@ -67,3 +67,14 @@ def test_a_second_resume_sees_the_first_ones_purge(tmp_path):
     w.close()
     again = events_before_save(tmp_path, 3, 100.0)
     assert [(e.summary.value[0].tag, e.summary.value[0].simple_value) for e in again] == [("b", 0.5), ("c", 0.25)]
+
+
+def test_a_file_cut_short_by_a_kill_is_read_up_to_its_last_whole_event(tmp_path):
+    w = SummaryWriter(str(tmp_path))
+    for step in range(5):
+        w.add_scalar("a", float(step), step, walltime=float(step))
+    w.close()
+    (path,) = event_files(tmp_path)
+    path.write_bytes(path.read_bytes()[:-7])  # the last record half-written
+    assert [e.step for e in events_before_save(tmp_path, 3, 100.0)] == [3]
+    assert events_before_save(tmp_path, 4, 100.0) == []
