@@ -109,6 +109,17 @@ def test_checkpoint_of_two_processes_resumes_on_one(quickstart, tmp_path):
 
 
 @pytest.mark.slow
+def test_checkpoint_of_two_processes_resumes_on_two(quickstart, tmp_path):
+    """Resumed on 2 processes, the stopped run's TensorBoard points at its checkpoint's step are
+    written back once (by rank 0: zoo.resume_events) and the run ends as the uninterrupted one."""
+    _, two_folder, _, full = quickstart
+    shutil.copytree(two_folder, tmp_path, dirs_exist_ok=True)
+    run = start_ddp(tmp_path, *QUICKSTART, "--trainer.max_steps=100", "--ckpt_path", "last")()
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2  # the stopped part's file and rank 0's
+    assert_same_run(full, run, stop_step=50)
+
+
+@pytest.mark.slow
 def test_two_simulated_nodes_equal_one_process(tmp_path):
     (tmp_path / "small.yaml").write_text(SMALL)
     config = ["--config", str(tmp_path / "small.yaml")]
