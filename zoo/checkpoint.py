@@ -198,6 +198,7 @@ class RunCheckpoint(ModelCheckpoint):
         return self._state_key
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
         # where a run resumed from it picks up its TensorBoard curves (zoo.resume_events)
         checkpoint[resume_events.KEY] = resume_events.resume_point(trainer)
 
