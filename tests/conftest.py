@@ -54,6 +54,24 @@ def run_cli(*args: str):
     return build_cli(list(args))
 
 
+def recipe_smoke_args(path: Path) -> list[str]:
+    """A recipe's ``# smoke-test: <extra CLI args>`` header (a tiny budget), else ``max_steps=3``."""
+    import shlex
+
+    for line in path.read_text().splitlines():
+        if line.startswith("# smoke-test:"):
+            return shlex.split(line.split(":", 1)[1])
+    return ["--trainer.max_steps=3"]
+
+
+def recipe_phase_1(path: Path) -> Path | None:
+    """The recipe a phase 2 recipe reads the run folder of (``# needs-phase-1: <recipe>``), or None."""
+    for line in path.read_text().splitlines():
+        if line.startswith("# needs-phase-1:"):
+            return REPO / "recipes" / line.split(":", 1)[1].strip()
+    return None
+
+
 def quiet_trainer(tmp_path, callbacks, logger: bool = True, existing: tuple[str, ...] = ()):
     """A one-epoch CPU Trainer logging to ``tmp_path/tb/version_0``; ``existing`` files are put
     in that folder first (a user's files that callbacks must not overwrite)."""

@@ -14,8 +14,6 @@ allow with a margin (TF32 is off: the zoo never enables it, and Lightning leaves
 """
 from __future__ import annotations
 
-import re
-import shlex
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -24,7 +22,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, recipe_phase_1, recipe_smoke_args, run_cli
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -284,13 +282,12 @@ RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
 def test_recipe_runs_on_the_gpu(recipe, in_tmp):
     """Every recipe's smoke run (its callbacks, figures and files included) with
     ``--trainer.accelerator=gpu``, as a user would start it on a GPU machine."""
-    text = recipe.read_text()
-    if "# needs-data: MNIST" in text:
+    if "# needs-data: MNIST" in recipe.read_text():
         pytest.skip("a recipe on the real MNIST files: its CPU run is tests/test_recipes.py")
-    smoke = re.search(r"^# smoke-test:(.*)$", text, flags=re.M)
-    extra = shlex.split(smoke.group(1)) if smoke else ["--trainer.max_steps=3"]
-    cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *extra,
-                  "--trainer.accelerator=gpu", "--trainer.devices=1")
+    on_gpu = ["--trainer.enable_progress_bar=false", "--trainer.accelerator=gpu", "--trainer.devices=1"]
+    if (phase_1 := recipe_phase_1(recipe)) is not None:  # its checkpoint, trained on the GPU too
+        run_cli("fit", "--config", str(phase_1), *on_gpu, *recipe_smoke_args(phase_1))
+    cli = run_cli("fit", "--config", str(recipe), *on_gpu, *recipe_smoke_args(recipe))
     assert cli.trainer.global_step > 0 and cli.trainer.strategy.root_device.type == "cuda"
     assert any(p.name.startswith("events.out.tfevents") for p in Path(cli.trainer.log_dir).iterdir())
 

@@ -9,31 +9,16 @@ runs first, in the same folder.
 """
 from __future__ import annotations
 
-import shlex
 import shutil
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, recipe_phase_1, recipe_smoke_args, run_cli
 from tests.helpers_mnist import SHARED_RAW
 
 pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
 
 RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml"))
-
-
-def _phase_1(path):
-    for line in path.read_text().splitlines():
-        if line.startswith("# needs-phase-1:"):
-            return REPO / "recipes" / line.split(":", 1)[1].strip()
-    return None
-
-
-def _smoke_args(path) -> list[str]:
-    for line in path.read_text().splitlines():
-        if line.startswith("# smoke-test:"):
-            return shlex.split(line.split(":", 1)[1])
-    return ["--trainer.max_steps=3"]
 
 
 def test_there_are_recipes():
@@ -49,9 +34,9 @@ def test_recipe_runs(recipe, in_tmp):
         raw.mkdir(parents=True)
         for f in SHARED_RAW.glob("*.gz"):
             shutil.copyfile(f, raw / f.name)
-    if (phase_1 := _phase_1(recipe)) is not None:
-        run_cli("fit", "--config", str(phase_1), "--trainer.enable_progress_bar=false", *_smoke_args(phase_1))
-    cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *_smoke_args(recipe))
+    if (phase_1 := recipe_phase_1(recipe)) is not None:
+        run_cli("fit", "--config", str(phase_1), "--trainer.enable_progress_bar=false", *recipe_smoke_args(phase_1))
+    cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *recipe_smoke_args(recipe))
     assert cli.trainer.global_step > 0
     log_dir = cli.trainer.log_dir
     assert log_dir is not None and any(p.name.startswith("events.out.tfevents") for p in

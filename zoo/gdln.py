@@ -251,12 +251,13 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, n_in) or (E, N, n_in); returns (E, N, n_out)."""
-        return self._forward(members_of(self, x).to(self.W[0].dtype), list(self.W))[0]
+        # the weights' dtype and device: a caller may pass the datamodule's inputs, on the host
+        return self._forward(members_of(self, x).to(self.W[0]), list(self.W))[0]
 
     def hidden_activity(self, x: Tensor) -> list[Tensor]:
         """Every hidden layer's activity on the data points, one (E, N, H) tensor per layer."""
         with torch.no_grad():
-            return self._forward(members_of(self, x).to(self.W[0].dtype), list(self.W))[1][1:]
+            return self._forward(members_of(self, x).to(self.W[0]), list(self.W))[1][1:]
 
     def _forward(self, x: Tensor, Ws: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         mask = self._input_mask()
@@ -683,7 +684,7 @@ class GDLN(FullBatchNet):
         mask = self._input_mask().double().expand_as(self.W0_init)
         W1, W2 = self.W0_init.double(), self.W1_init.double()
         if self.context_init_gain != 1.0:  # the scheme's std: pathway_a0() applies the gains
-            g1, g2 = self._layer_gains()
+            g1, g2 = (g.to(W1.device) for g in self._layer_gains())  # the gating lives on the host
             W1, W2 = W1 / g1, W2 / g2
         sigma2 = (W1.pow(2)[mask > 0].sum() + W2.pow(2).sum()) / (mask.sum() + W2.numel())
         return float(sigma2 * self.n_hidden)
