@@ -156,6 +156,8 @@ def jax_side(kind: str, dm: Contexts, threads: int):
     None where JAX is not installed. It returns (seconds, [W0, W1, losses]) as the other sides."""
     import os
 
+    # the CPU side of the comparison: where a GPU is present JAX would take it by default
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     # XLA reads its thread settings once, when its CPU backend starts
     if threads == 1:
         os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
