@@ -16,6 +16,20 @@ SHARED_RAW = next((p for p in (REPO.parent / "shared" / "data" / "MNIST" / "raw"
 TRAIN_PER_DIGIT, TEST_PER_DIGIT = 6, 3
 
 
+def copy_real_mnist(folder: Path) -> bool:
+    """The real MNIST files into ``folder/data/MNIST/raw``, as a user puts them (README); False where
+    they are not on this machine."""
+    import shutil
+
+    if SHARED_RAW is None:
+        return False
+    raw = folder / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for f in SHARED_RAW.glob("*.gz"):
+        shutil.copyfile(f, raw / f.name)
+    return True
+
+
 def idx_bytes(images: np.ndarray, digits: np.ndarray) -> tuple[bytes, bytes]:
     """The IDX format: big-endian magic 0x00000803 + (n, 28, 28) for images, 0x00000801 + n for labels."""
     n = images.shape[0]

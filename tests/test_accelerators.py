@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import REPO, recipe_phase_1, recipe_smoke_args, run_cli
+from tests.helpers_mnist import copy_real_mnist
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -282,8 +283,8 @@ RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
 def test_recipe_runs_on_the_gpu(recipe, in_tmp):
     """Every recipe's smoke run (its callbacks, figures and files included) with
     ``--trainer.accelerator=gpu``, as a user would start it on a GPU machine."""
-    if "# needs-data: MNIST" in recipe.read_text():
-        pytest.skip("a recipe on the real MNIST files: its CPU run is tests/test_recipes.py")
+    if "# needs-data: MNIST" in recipe.read_text() and not copy_real_mnist(in_tmp):
+        pytest.skip("the real MNIST files (../shared/data/MNIST/raw) are not here")
     on_gpu = ["--trainer.enable_progress_bar=false", "--trainer.accelerator=gpu", "--trainer.devices=1"]
     if (phase_1 := recipe_phase_1(recipe)) is not None:  # its checkpoint, trained on the GPU too
         run_cli("fit", "--config", str(phase_1), *on_gpu, *recipe_smoke_args(phase_1))

@@ -9,12 +9,10 @@ runs first, in the same folder.
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.conftest import REPO, recipe_phase_1, recipe_smoke_args, run_cli
-from tests.helpers_mnist import SHARED_RAW
+from tests.helpers_mnist import copy_real_mnist
 
 pytestmark = pytest.mark.slow  # runs of recipes through the CLI (several seconds each)
 
@@ -27,13 +25,8 @@ def test_there_are_recipes():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(REPO / "recipes")) for p in RECIPES])
 def test_recipe_runs(recipe, in_tmp):
-    if "# needs-data: MNIST" in recipe.read_text():
-        if SHARED_RAW is None:
-            pytest.skip("the real MNIST files (../shared/data/MNIST/raw) are not here")
-        raw = in_tmp / "data" / "MNIST" / "raw"
-        raw.mkdir(parents=True)
-        for f in SHARED_RAW.glob("*.gz"):
-            shutil.copyfile(f, raw / f.name)
+    if "# needs-data: MNIST" in recipe.read_text() and not copy_real_mnist(in_tmp):
+        pytest.skip("the real MNIST files (../shared/data/MNIST/raw) are not here")
     if (phase_1 := recipe_phase_1(recipe)) is not None:
         run_cli("fit", "--config", str(phase_1), "--trainer.enable_progress_bar=false", *recipe_smoke_args(phase_1))
     cli = run_cli("fit", "--config", str(recipe), "--trainer.enable_progress_bar=false", *recipe_smoke_args(recipe))
