@@ -293,6 +293,20 @@ def test_recipe_runs_on_the_gpu(recipe, in_tmp):
     assert any(p.name.startswith("events.out.tfevents") for p in Path(cli.trainer.log_dir).iterdir())
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the CPU runs are tests/test_resume_*.py)")
+def test_a_run_resumed_on_the_gpu_equals_the_uninterrupted_one(tmp_path):
+    """The quickstart on the GPU, its checkpoint at step 90 kept and the run resumed from it as after
+    a kill (every batch's loss logged, a validation every 3 batches): the final weights, scalars and
+    figures equal the uninterrupted GPU run's bit for bit (seen on an H200, 2026-11-26)."""
+    from resume_harness import assert_same_run, fit, resume_from_kept
+
+    args = ["--config", str(REPO / "recipes/quickstart.yaml"), "--trainer.max_steps=120", "--trainer.log_every_n_steps=1",
+            "--trainer.val_check_interval=3", "--trainer.accelerator=gpu", "--trainer.devices=1"]
+    full = fit(tmp_path / "full", *args)
+    assert_same_run(full, resume_from_kept(tmp_path / "killed", args, 90))
+
+
 @pytest.mark.parametrize("accelerator", ACCELERATORS)
 def test_logged_values_reach_the_host_in_one_transfer_with_their_exact_values(accelerator):
     from zoo.logs import host_floats
