@@ -51,7 +51,7 @@ from zoo.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
 from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.logs import log_batch_scalars
-from zoo.progress import Progress, dealt_out
+from zoo.progress import Progress
 from zoo.steps import Updates
 
 
@@ -425,7 +425,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             losses = self._autograd_steps(batch, first_step, data_parallel)
             total = losses[0].sum()
         # data-parallel minibatches: this rank's part of the step's; a full batch is the run's on every rank
-        self.count_samples(batch[0].shape[-2] * self.steps_per_batch, per_rank=data_parallel and dealt_out(self.trainer))
+        self.count_samples(batch[0].shape[-2] * self.steps_per_batch, per_rank=True)
         first = losses[0]
         log_batch_scalars(self, first_step, {"loss": first}, members=first)
         # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)

@@ -41,8 +41,9 @@ class Progress:
         self.register_load_state_dict_post_hook(_count_from_buffer)
 
     def count_samples(self, n: int, *, per_rank: bool = False) -> None:
-        """Count one step's ``n`` samples; ``per_rank``: ``n`` is this process's part of a batch that
-        the distributed sampler dealt out to the ranks (see the module docstring)."""
+        """Count one step's ``n`` samples; ``per_rank``: ``n`` is what this process got of the step's
+        batch, counted ``world_size`` times where a distributed sampler dealt the batch out
+        (:func:`data_parallel_ranks`; see the module docstring)."""
         if per_rank:
             n = int(n) * data_parallel_ranks(self)
         self.samples_counted += int(n)
@@ -67,9 +68,10 @@ def _count_from_buffer(module, incompatible_keys) -> None:
 
 def data_parallel_ranks(module) -> int:
     """The processes that each train ``module`` whole on their own part of the data: the Trainer's
-    world size, unless its members are sharded (``zoo.distributed``) or there is one process: 1."""
+    world size where its training batches are dealt out (:func:`dealt_out`), else 1 (one process,
+    members sharded (``zoo.distributed``), or every rank reading the whole batch)."""
     trainer = attached_trainer(module)
-    if trainer is None or is_sharded(module):
+    if trainer is None or trainer.world_size == 1 or is_sharded(module) or not dealt_out(trainer):
         return 1
     return int(trainer.world_size)
 
