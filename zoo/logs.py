@@ -80,7 +80,6 @@ def log_batch_scalars(module: pl.LightningModule, step: int, losses: Mapping[str
         return
     per_member = ({f"loss/{lbl}": l for lbl, l in zip(module.labels, members)}
                   if members is not None and 1 < len(members) <= MAX_MEMBER_TAGS else {})
-    module.log("step", float(step), logger=False)
     if per_member:
         module.log_dict(per_member, logger=False)
     log_scalars(trainer, {**means, **per_member}, step=step)
