@@ -408,21 +408,18 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         first_step = self.global_step
-        data_parallel = self._data_parallel()
         # a subclass that changes the loss gets autograd; the zoo's own loss has closed-form gradients
         if type(self).member_loss is DeepLinearNet.member_loss:
-            first, last, start = self._closed_form_steps(batch, data_parallel)
+            first, last, start = self._closed_form_steps(batch)
             # every member's losses on every rank (members are sharded across processes): one exchange
             # and one host sync per call, and every rank takes the same decision on divergence
-            losses = self.all_member_values(first[None] if last is None else torch.stack([first, last]), dim=1)
-            if data_parallel:  # each rank's loss is its part's: the step's is their mean
-                losses = self.trainer.strategy.reduce(losses, reduce_op="mean")
+            losses = self._run_losses(first[None] if last is None else torch.stack([first, last]))
             total = losses[0].sum()
             # losses are >= 0 or NaN: a sum is finite unless a loss is not (or the sum overflowed: then look)
             if not math.isfinite(total if last is None else losses.sum()) and not bool(torch.isfinite(losses).all()):
                 self._stop_diverged(batch, first_step, losses, start)
         else:
-            losses = self._autograd_steps(batch, first_step, data_parallel)
+            losses = self._autograd_steps(batch, first_step)
             total = losses[0].sum()
         # data-parallel minibatches: this rank's part of the step's; a full batch is the run's on every rank
         self.count_samples(batch[0].shape[-2] * self.steps_per_batch, per_rank=True)
@@ -431,11 +428,11 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         # the losses of the weights at step `loss_step`, before this call's updates, of every member (on every rank)
         return {"loss": total, "member_loss": first, "loss_step": first_step}
 
-    def _closed_form_steps(self, batch: tuple[Tensor, Tensor], data_parallel: bool = False) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
+    def _closed_form_steps(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
         """``steps_per_batch`` GD steps with closed-form gradients; the losses (E,) of the first and
         the last step (None for one step), and the weights at the start (None for one step), kept so
         that a divergence can be replayed to name its first step (:meth:`_stop_diverged`).
-        ``data_parallel``: each step's gradients are the ranks' mean.
+        Data-parallel, each step's gradients are the ranks' mean.
 
         The loop holds only a step's arithmetic and its update by the configured optimizer, applied
         by ``zoo.steps.Updates`` (the optimizer's own ``step``, each update counted by Lightning as an
@@ -452,6 +449,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         Ws = [W.detach() for W in params]  # plain tensors: a Parameter's every operation costs more Python
         x, y = self._gd_batch(batch)
         start = [W.clone() for W in Ws] if self.steps_per_batch > 1 else None
+        data_parallel = self._data_parallel()
         gd = None if data_parallel or len(Ws) != 2 else GradientDescent.stepped_directly(updates)
         lrs = gd.rates(params) if gd is not None else None
         if lrs is not None:  # the steps as one loop, the update written into it (the optimizer's own)
@@ -485,11 +483,17 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         """One network on several processes, each on its part of the data (not sharded members)."""
         return not is_sharded(self) and self.trainer.world_size > 1
 
-    def _autograd_steps(self, batch: tuple[Tensor, Tensor], first_step: int, data_parallel: bool = False) -> Tensor:
+    def _run_losses(self, losses: Tensor) -> Tensor:
+        """This rank's losses (steps, E held) as the run's, the same on every rank (one collective):
+        every member's, gathered where members are sharded; the ranks' mean where data-parallel (each
+        rank's is its part's of the step's batch)."""
+        losses = self.all_member_values(losses, dim=1)
+        return self.trainer.strategy.reduce(losses, reduce_op="mean") if self._data_parallel() else losses
+
+    def _autograd_steps(self, batch: tuple[Tensor, Tensor], first_step: int) -> Tensor:
         """``steps_per_batch`` steps of autograd on :meth:`member_loss` (a subclass's loss); every
-        step's losses of every member, (steps, E), checked (a subclass's loss may be finite again
-        after a non-finite one); ``data_parallel``: averaged over the ranks first, so that every
-        rank takes the same decision."""
+        step's losses of every member, (steps, E), the run's (:meth:`_run_losses`: every rank takes
+        the same decision), checked (a subclass's loss may be finite again after a non-finite one)."""
         opt, updates, step_losses = self.optimizers(), Updates(self), []
         for _ in range(self.steps_per_batch):
             losses = self.member_loss(batch)
@@ -498,9 +502,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
             self.manual_backward(losses.sum())
             updates()
         updates.finish()
-        losses = self.all_member_values(torch.stack(step_losses), dim=1)
-        if data_parallel:
-            losses = self.trainer.strategy.reduce(losses, reduce_op="mean")
+        losses = self._run_losses(torch.stack(step_losses))
         self._check_finite(losses, first_step)
         return losses
 
@@ -524,10 +526,8 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
                         grads = [self.trainer.strategy.reduce(g, reduce_op="mean") for g in grads]
                     for W, g in zip(Ws, grads):
                         W.add_(g, alpha=-self.lr)
-            replayed = self.all_member_values(torch.stack(rows), dim=1)
-            if data_parallel:  # the step's losses, as the run's check saw them: the same step named on every rank
-                replayed = self.trainer.strategy.reduce(replayed, reduce_op="mean")
-            self._check_finite(replayed, first_step)
+            # the step's losses as the run's check saw them: the same step named on every rank
+            self._check_finite(self._run_losses(torch.stack(rows)), first_step)
         # no replay (one step), or one that did not reproduce the run (an optimizer other than plain GD)
         self._check_finite(losses[:1], first_step)
         self._check_finite(losses[1:], first_step + self.steps_per_batch - 1)
