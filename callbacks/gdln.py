@@ -170,7 +170,7 @@ class PathwaySingularValues(HistoryCallback):
             raise TypeError("PathwaySingularValues needs a GDLN (or a Comparison holding one)")
         self.race = {n: m.predicted_pathway_strengths(dm.X, dm.Y, _total_epochs(trainer, pl_module), self.n_modes,
                                                       self.every_n_steps) for n, m in self.gdlns.items()}
-        # the resumed run's TensorBoard starts at this epoch (zoo.gdln.save_log_step): log again
+        # the resumed run's TensorBoard starts at this epoch (zoo.resume_events): log again
         # what was recorded here before the checkpoint
         if resuming(trainer) and self.history["epochs"] and self.history["epochs"][-1] == self.now:
             self._log(trainer, self.now, self.history["sv"][-1])

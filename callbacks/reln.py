@@ -129,7 +129,7 @@ class HiddenMDS(HistoryCallback):
         n = len(self.net.hidden_activity(trainer.datamodule.X[:1]))
         if not -n <= self.layer < n:
             raise ValueError(f"HiddenMDS: layer = {self.layer}; allowed: -{n} .. {n - 1}")
-        # the resumed run's TensorBoard starts at this epoch (zoo.gdln.save_log_step): log again
+        # the resumed run's TensorBoard starts at this epoch (zoo.resume_events): log again
         # what was recorded here before the checkpoint
         if resuming(trainer) and trainer.is_global_zero and self.records and self.records[-1][0] == self.now:
             self._publish(trainer, *self._embed(trainer))

@@ -64,6 +64,29 @@ def test_killed_after_its_checkpoint_every_point_shows_once(reference, tmp_path)
         assert len(steps) == len(set(steps)), f"{tag}: a step shown twice"
 
 
+def test_a_checkpoint_of_your_own_model_checkpoint_shows_every_point_once(tmp_path):
+    """A config with a ModelCheckpoint of its own (no RunCheckpoint): its checkpoint at step 90 was
+    kept, and the batch after it had logged its loss at 90 (every batch written). Resumed, the loss
+    at 90 shows once: the module's checkpoint records where the resumed run picks up its curves,
+    whichever callback saved it (with Lightning's rule of purging after the step it showed twice)."""
+    import json
+
+    from resume_harness import REPO
+
+    own = json.dumps({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                      "init_args": {"every_n_train_steps": 30, "save_last": True}})
+    args = ["--config", f"{REPO}/recipes/quickstart.yaml", "--trainer.max_steps=120",
+            "--trainer.log_every_n_steps=1", f"--trainer.callbacks+={own}"]
+    full = fit(tmp_path / "full", *args)
+    run = resume_from_kept(tmp_path / "killed", args, 90)
+    assert_same_run(full, run)
+    shown = scalars(run)
+    assert [s for s, _ in shown["loss"]] == list(range(0, 120, 10))
+    for tag, points in shown.items():
+        steps = [s for s, _ in points]
+        assert len(steps) == len(set(steps)), f"{tag}: a step shown twice"
+
+
 def test_resumed_from_an_epochs_end_the_loss_keeps_its_rows(tmp_path):
     """A checkpoint saved at an epoch's end (step 100: epochs of 10 batches of 10 steps); the loss
     is written every 3rd batch. Resumed from it, the run writes the rows of the uninterrupted run

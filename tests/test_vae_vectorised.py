@@ -214,3 +214,16 @@ def test_stacked_adam_falls_back_to_torchs_step_on_a_member_parallel_slice():
         for p, q, r in zip(a.parameters(), b.parameters(), c.parameters()):
             assert torch.equal(p, q)
             assert torch.equal(p, r) == (k in (0, 3))  # only this rank's members moved
+
+
+def test_stacked_adam_takes_torchs_step_where_torch_has_no_fused_kernel(monkeypatch):
+    """The stacked step calls ``torch._fused_adam_``, a private op a later torch may rename: without
+    it StackedAdam is torch's Adam, step for step."""
+    stacked, plain = _sweep(), _sweep()
+    opt = stacked.configure_optimizers()
+    ref = torch.optim.Adam(plain.parameters(), lr=plain.lr, fused=True)
+    monkeypatch.setattr("zoo.vae_stacked.FUSED_ADAM", None)
+    _adam_run(stacked, opt, range(3))
+    assert opt._views is None  # the stacks were never made
+    _adam_run(plain, ref, range(3))
+    assert all(torch.equal(a, b) for a, b in zip(stacked.parameters(), plain.parameters()))

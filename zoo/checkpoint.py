@@ -44,8 +44,6 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from zoo import resume_events
-
 
 class AtomicLocalCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose saves to a local path are atomic and cheap: ``torch.save`` into
@@ -196,11 +194,6 @@ class RunCheckpoint(ModelCheckpoint):
         if self._state_key is None:
             self._state_key = super().state_key
         return self._state_key
-
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(trainer, pl_module, checkpoint)
-        # where a run resumed from it picks up its TensorBoard curves (zoo.resume_events)
-        checkpoint[resume_events.KEY] = resume_events.resume_point(trainer)
 
     # the schedule's position must survive a resume, or the resumed run would save at other steps
     def state_dict(self) -> dict:

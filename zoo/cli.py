@@ -261,8 +261,9 @@ def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
 
     TensorBoard shows each point once: the stopped run's events from the checkpoint's step on are
     purged, and those it logged at that step before the checkpoint was saved are written back
-    (``zoo.resume_events``; a checkpoint of ``RunCheckpoint`` records its step and time). A
-    checkpoint without that record (another ``ModelCheckpoint``'s) keeps the events up to its step."""
+    (``zoo.resume_events``; a zoo module's checkpoint records its step and time, whichever callback
+    saved it: ``zoo.progress.Progress``). A checkpoint without that record (another module's, or the
+    zoo's before it had one) keeps the events up to its step."""
     from lightning.pytorch.cli import SaveConfigCallback
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -281,7 +282,8 @@ def _resume_into_run_folder(trainer, ckpt_path: str | None) -> None:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
         step = int(ckpt["global_step"])
         point = ckpt.get(resume_events.KEY)
-        # a module that logs on an axis of its own (zoo.gdln: epochs) says where the resumed run logs first
+        # without the record: "log_step_resumed", where the zoo's checkpoints of before the record said
+        # where a module logging on an axis of its own logs first; else Lightning's rule, after the step
         purge_step = int(point["step"]) if point else int(ckpt.get("log_step_resumed", step + 1))
     except Exception:  # an unreadable checkpoint is reported when Lightning loads it
         return

@@ -67,16 +67,6 @@ def _outer(delta: Tensor, act: Tensor) -> Tensor:
     return delta.transpose(-1, -2) @ act
 
 
-def save_log_step(module: pl.LightningModule, checkpoint: dict) -> None:
-    """Record in ``checkpoint`` the TensorBoard step a run resumed from it logs first (the CLI purges
-    the events from there on: a killed run may have logged past its checkpoint).
-
-    The loss at epoch g (= ``global_step``) is the loss before update g + 1: the step after the
-    checkpoint logs it, so the resumed run starts logging AT the checkpoint's step, not after it
-    (Lightning's default). ``zoo.cli`` reads the key ``log_step_resumed``."""
-    checkpoint["log_step_resumed"] = int(module.global_step)
-
-
 def updates_this_step(module: pl.LightningModule, per_step: int) -> int:
     """``per_step`` GD updates, fewer where ``max_steps`` falls inside the chunk (Lightning stops
     after the step that reaches it)."""
@@ -221,9 +211,6 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         for key, value in state.items():
             if not key.startswith("W.") and "." not in key and not hasattr(self, key):
                 self.register_buffer(key, torch.empty_like(value))
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        save_log_step(self, checkpoint)
 
     def tau(self, N: int) -> float:
         """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
@@ -890,7 +877,7 @@ class Comparison(MemberParallel, Progress, pl.LightningModule):
                 m.build(dm.X, dm.Y)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        save_log_step(self, checkpoint)
+        super().on_save_checkpoint(checkpoint)
         # Lightning calls these hooks on the top module only: each model keeps what it saves (a GDLN's gates)
         for i, m in enumerate(self.models):
             sub: dict = {}

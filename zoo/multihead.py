@@ -421,11 +421,6 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         """Where a switch's summary is logged: the step of the switch on the module's log axis."""
         return self.samples_seen if self.logs_on_samples else self._switch_step
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.logs_on_samples:  # zoo.cli purges a resumed run's TensorBoard events after this step
-            checkpoint["log_step_resumed"] = self.samples_seen + 1
-
     # -- evaluation -----------------------------------------------------------------------------------
     def eval_metrics(self) -> dict[str, Metric]:
         """Fresh metrics of one task (name -> a per-member ``Metric``)."""

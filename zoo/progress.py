@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DistributedSampler
 
+from zoo import resume_events
 from zoo.distributed import is_sharded
 
 
@@ -48,6 +49,15 @@ class Progress:
             n = int(n) * data_parallel_ranks(self)
         self.samples_counted += int(n)
         self.samples_seen_.fill_(self.samples_counted)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Record in every checkpoint of the module, whichever callback saves it, where a run resumed
+        from it picks up its TensorBoard curves (``zoo.resume_events``: the x-axis step of the weights
+        saved and the time of the save)."""
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            checkpoint[resume_events.KEY] = resume_events.resume_point(trainer)
+        super().on_save_checkpoint(checkpoint)
 
     @property
     def samples_seen(self) -> int:

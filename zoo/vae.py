@@ -222,6 +222,7 @@ class _OwnNoise:
         self._share_noise(_generator_like_global())
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[NOISE_KEY] = self._noise_models()[0].noise().get_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

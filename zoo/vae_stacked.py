@@ -108,6 +108,11 @@ _VECTOR_BYTES = 64
 scalar tail at any narrower width either."""
 
 
+#: torch's fused Adam kernel, which the stacked step calls directly: a private op, which a later torch
+#: may rename; without it StackedAdam takes torch's own step
+FUSED_ADAM = getattr(torch, "_fused_adam_", None)
+
+
 class StackedAdam(torch.optim.Adam):
     """torch's fused Adam (``fused=True``) over the parameters of :class:`SharedStacks`, whose
     update runs over the stacked tensors (one per layer and kind) instead of one per net, without
@@ -119,7 +124,8 @@ class StackedAdam(torch.optim.Adam):
     The state stays per parameter (``state_dict``, checkpoints): each parameter's ``exp_avg``,
     ``exp_avg_sq`` and ``step`` become views into stacked tensors on the first step that finds
     them elsewhere (after the first step, or a checkpoint load). A step is torch's own whenever
-    the stacked one does not apply: a parameter's gradient is not the view the stacks handed out
+    the stacked one does not apply (or torch has no ``torch._fused_adam_``, the private kernel of its
+    fused Adam that the stacked step calls): a parameter's gradient is not the view the stacks handed out
     (a member-parallel slice, data-parallel copies), the steps differ, or an option the stacked
     step does not take (amsgrad, a tensor lr, several parameter groups, a GradScaler's scale).
     """
@@ -143,14 +149,14 @@ class StackedAdam(torch.optim.Adam):
         group = self.param_groups[0]
         params, grads, avgs, sqs, steps, counter = stacked
         counter.add_(1)
-        torch._fused_adam_(params, grads, avgs, sqs, [], steps, lr=group["lr"], beta1=group["betas"][0],
+        FUSED_ADAM(params, grads, avgs, sqs, [], steps, lr=group["lr"], beta1=group["betas"][0],
                            beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
                            amsgrad=False, maximize=group["maximize"])
         return loss
 
     def _stacked(self) -> tuple | None:
         """The stacked tensors of a step, or None where the stacked step does not apply."""
-        if len(self.param_groups) != 1:
+        if len(self.param_groups) != 1 or FUSED_ADAM is None:
             return None
         group = self.param_groups[0]
         if (group["amsgrad"] or group.get("decoupled_weight_decay") or not group["fused"]
