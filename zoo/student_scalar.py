@@ -72,21 +72,27 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
     act = ACTIVATIONS[activation]
     head, labels, deltas = h.tolist(), y.tolist(), []
     recursion = _two_units if len(head) == 2 else _any_units
+    S = X.shape[0]
+    full = S - S % block
+    # every block's X_b and X_b^T as views made at once (unbind), not two slices a block
+    blocks = X[:full].unflatten(0, (-1, block))
+    blocks = list(zip(range(0, full, block), blocks.unbind(0), blocks.transpose(1, 2).unbind(0)))
+    if full < S:
+        blocks.append((full, X[full:], X[full:].T))
     buffers = None
-    for a in range(0, X.shape[0], block):
-        Xb = X[a:a + block]
+    for a, Xb, Xt in blocks:
         n = Xb.shape[0]
         if buffers is None or n != block:  # once a call, and once more for a short last block
             buffers = _block_buffers(W, n)
         U, K, K_rows, G, G_flat = buffers
         # the scales are applied in the recursion, on Python floats: a tensor op per block less each
-        torch.mm(W, Xb.T, out=U)  # (p, n): W_0 x_j
+        torch.mm(W, Xt, out=U)  # (p, n): W_0 x_j
         # x_m . x_j, read in place: the recursion reads x_m . x_j for m < j only, and a memoryview
         # makes a Python float of an entry when it is read (tolist would make all n^2)
         if K.dtype == Xb.dtype:
-            torch.mm(Xb, Xb.T, out=K)
+            torch.mm(Xb, Xt, out=K)
         else:
-            K.copy_(Xb @ Xb.T)  # bfloat16 -> float32: exact
+            K.copy_(Xb @ Xt)  # bfloat16 -> float32: exact
         g, block_deltas = recursion(act, K_rows, U.tolist(), labels[a:a + n], head, scale_u, c_u, c_head)
         g = [v for unit in g for v in unit] if len(g) != 2 else g[0] + g[1]
         if G_flat is None:
