@@ -84,7 +84,7 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
         n = Xb.shape[0]
         if buffers is None or n != block:  # once a call, and once more for a short last block
             buffers = _block_buffers(W, n)
-        U, K, K_rows, G, G_flat = buffers
+        U, U_rows, K, K_rows, G, G_flat = buffers
         # the scales are applied in the recursion, on Python floats: a tensor op per block less each
         torch.mm(W, Xt, out=U)  # (p, n): W_0 x_j
         # x_m . x_j, read in place: the recursion reads x_m . x_j for m < j only, and a memoryview
@@ -93,7 +93,7 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
             torch.mm(Xb, Xt, out=K)
         else:
             K.copy_(Xb @ Xt)  # bfloat16 -> float32: exact
-        g, block_deltas = recursion(act, K_rows, U.tolist(), labels[a:a + n], head, scale_u, c_u, c_head)
+        g, block_deltas = recursion(act, K_rows, U_rows or U.tolist(), labels[a:a + n], head, scale_u, c_u, c_head)
         g = [v for unit in g for v in unit] if len(g) != 2 else g[0] + g[1]
         if G_flat is None:
             G = torch.tensor(g, dtype=W.dtype).view(U.shape)
@@ -106,18 +106,26 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
     D.copy_(torch.tensor(deltas, dtype=D.dtype))
 
 
-def _block_buffers(W: Tensor, n: int) -> tuple[Tensor, Tensor, list[memoryview], Tensor, memoryview | None]:
+def _block_buffers(W: Tensor, n: int) -> tuple[Tensor, list[memoryview] | None, Tensor, list[memoryview], Tensor,
+                                               memoryview | None]:
     """A block's products, written in place (``out=``), and memoryviews of them, made once a call,
     not once a block (each costs about a microsecond, as much as a product at d = 1000):
-    ``(U, K, K_rows, G, G_flat)``: ``U`` (p, n) ``W_0 X^T``; ``K`` (n, n) the Gram matrix and
-    ``K_rows`` its rows; ``G`` (p, n) the block's update directions and ``G_flat`` their buffer.
-    For dtypes the array module does not hold (bfloat16, float16) ``K`` is float32 (the Gram's
-    entries exactly) and ``G_flat`` None: ``G`` is made from the Python floats each block."""
+    ``(U, U_rows, K, K_rows, G, G_flat)``: ``U`` (p, n) ``W_0 X^T`` and ``U_rows`` its rows; ``K``
+    (n, n) the Gram matrix and ``K_rows`` its rows; ``G`` (p, n) the block's update directions and
+    ``G_flat`` their buffer. For dtypes the array module does not hold (bfloat16, float16) ``K`` is
+    float32 (the Gram's entries exactly), ``U_rows`` and ``G_flat`` None: ``U`` is read with
+    ``tolist`` and ``G`` made from the Python floats each block."""
     kind = _TYPECODES.get(W.dtype)
     U, G = W.new_empty(W.shape[0], n), W.new_empty(W.shape[0], n)
     K = torch.empty(n, n, dtype=W.dtype if kind else torch.float32)
-    K_flat = _flat(K)
-    return U, K, [K_flat[j * n:(j + 1) * n] for j in range(n)], G, _flat(G) if kind else None
+    U_rows = _rows(U) if kind else None
+    return U, U_rows, K, _rows(K), G, _flat(G) if kind else None
+
+
+def _rows(A: Tensor) -> list[memoryview]:
+    """The rows of ``A`` (2-d, contiguous), each a memoryview of Python floats."""
+    flat, n = _flat(A), A.shape[1]
+    return [flat[i * n:(i + 1) * n] for i in range(A.shape[0])]
 
 
 def _flat(A: Tensor) -> memoryview:
