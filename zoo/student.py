@@ -290,7 +290,7 @@ class MultiHeadStudent(MultiHeadModule):
         progress bar, on the written batches, and at the end of an epoch or of the fit, what
         ``EarlyStopping`` and ``ModelCheckpoint(monitor="loss")`` read (``callback_metrics``)."""
         every, last = self.trainer.log_every_n_steps, self.trainer.num_training_batches
-        written = not (self.global_step % every and batch_idx + 1 < last)
+        written = (every > 0 and self.global_step % every == 0) or batch_idx + 1 >= last
         if written or self.trainer.progress_bar_callback is not None or ends_epoch_or_fit(self):
             self.log("loss", losses.mean(), prog_bar=True, logger=False)
         if not self.trainer.loggers or not written:
