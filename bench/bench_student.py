@@ -12,10 +12,14 @@ tensor ops (``W x`` into a buffer, one in-place ``axpy`` per row of ``W``): the 
 know, 2-3x faster at d = 1000 (~1.3x at d = 10,000) than the same loop written with a dozen
 tensor ops on 2-element tensors (the loop of issue #21's table). A single student gets two rows:
 against the scalar loop, goal 1.0x (#21's title: at or above the strongest loop; both sides draw
-the same inputs, about half of a step's time at d = 1000, so parity is what the arithmetic
-allows), and against the tensor-op loop with #21's own goals (2.0x at d = 1000, 1.0x at
-d = 10,000). An ensemble shares the input: an in-place rank-one update of the stacked first layers. The zoo side is a whole ``Trainer.fit`` (setup
-included, validation left out: the loops have none) of ``MultiHeadStudent``: exact blocked SGD, 1000 steps per ``training_step``. Each row
+the same inputs, about half of a step's time at d = 1000 and four fifths at d = 10,000, where the
+draw's first touch of a fresh 40 MB chunk alone costs ~18 us a step, so parity is what the
+arithmetic allows), and against the tensor-op loop with #21's own goals (2.0x at d = 1000, 1.0x at
+d = 10,000). At d = 10,000 the zoo's kernel takes ~9-11 us a step (blocks of 4 samples) against
+the loop's ~13-15, and Lightning (the fit's setup, ~0.5 ms a batch) takes ~2 of the difference
+back. An ensemble shares the input: an in-place rank-one update of the stacked first layers. The
+zoo side is a whole ``Trainer.fit`` (setup included, validation left out: the loops have none) of
+``MultiHeadStudent``: exact blocked SGD, 1000 steps per ``training_step``. Each row
 checks that the sides end at the same weights (float32 rounding: the zoo sums each block's
 updates in another order) and prints the largest difference.
 

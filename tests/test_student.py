@@ -143,6 +143,29 @@ def test_samples_seen_counts_sgd_steps_global_step_batches_and_old_heads_freeze(
     assert int(net.task) == 1
 
 
+@pytest.mark.parametrize("bar", [False, True])
+def test_the_training_loss_reaches_the_progress_bar_every_batch_and_callback_metrics_at_the_end(bar):
+    """``loss`` is each batch's mean of the members' ``1/2 <Delta^2>``: on the progress bar after every
+    batch (when there is one), and in ``callback_metrics`` at the epoch's end (what EarlyStopping
+    and ModelCheckpoint(monitor="loss") read), the last batch's."""
+    dm = TeacherStudent(d=20, num_steps=50, steps_per_batch=10)
+    net = MultiHeadStudent(d=20, init_heads=Polar(r=1.0, theta=[0.2, 0.7]))
+    batches, shown, at_end = [], [], {}
+
+    class Spy(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            batches.append(outputs["member_loss"].mean())
+            shown.append(trainer.progress_bar_metrics.get("loss"))
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            at_end.update(trainer.callback_metrics)
+
+    trainer(callbacks=[Spy()], enable_progress_bar=bar).fit(net, dm)
+    assert len(batches) == len(dm.chunks) and torch.equal(at_end["loss"], batches[-1])
+    if bar:
+        assert shown == [float(l) for l in batches]
+
+
 def test_teacher_sets_replicate_each_initialisation():
     dm = TeacherStudent(d=60, gamma=[0.0, 1.0], num_steps=1200, steps_per_batch=600)
     net = MultiHeadStudent(d=60, init_heads=Polar(r=1.0, theta=[0.0, 0.7]))

@@ -73,6 +73,25 @@ def test_the_scalar_kernel_has_the_same_bits_however_the_chunks_split_at_its_blo
         assert torch.equal(part, one)
 
 
+def test_the_scalar_kernels_blocks_shrink_with_d_and_still_follow_step_by_step_sgd(monkeypatch):
+    """Blocks of n samples with n d <= 2^16, 16 to 4 (the Gram matrix costs n d a step): 16 up to
+    d = 4,096, 8 up to 8,192, 4 beyond; a short last block where the chunk ends mid-block."""
+    sizes = {d: MultiHeadStudent(d=d)._scalar_block_size() for d in (30, 1000, 4096, 4097, 8192, 8193, 10_000)}
+    assert sizes == {30: 16, 1000: 16, 4096: 16, 4097: 8, 8192: 8, 8193: 4, 10_000: 4}
+    calls, kernel = [], zoo.student_scalar.online_steps
+    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
+    d = 8200
+    net = MultiHeadStudent(d=d, eta=0.7, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).double()
+    W0, h0 = net.W[0].detach().clone(), net.h[0, 0].detach().clone()
+    x, y = stream(1, d, 10)  # blocks of 4, 4 and 2
+    delta = net.sgd_steps(x, y, task=0)
+    W1, h1, delta1 = online_sgd(W0, h0, x[:, 0], y[:, 0, 0], 0.7, "erf")
+    assert calls == [4]
+    torch.testing.assert_close(net.W[0], W1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(net.h[0, 0], h1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(delta[:, 0, 0], delta1, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_single_student_in_half_precision_follows_the_float64_one(dtype):
     """The scalar kernel takes any float dtype (the array module has no 16-bit floats): a student

@@ -50,6 +50,7 @@ from zoo.ewc import EWC
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
+from zoo.logs import ends_epoch_or_fit
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
@@ -284,10 +285,15 @@ class MultiHeadStudent(MultiHeadModule):
         """Every member's loss ``losses`` (E,) (and EWC penalty) to the loggers at ``samples_seen``
         (TensorBoard's x-axis is the SGD step; ``zoo.cli`` purges a resumed run's events after its checkpoint's), every
         ``log_every_n_steps`` batches and at the last; the progress bar shows the loss. Written to the
-        loggers directly: ``self.log`` costs ~1 ms a key a batch, as much as a chunk of SGD."""
-        self.log("loss", losses.mean(), prog_bar=True, logger=False)
+        loggers directly: ``self.log`` costs ~0.5-1 ms a key a batch, as much as a chunk of SGD at
+        d = 1000, so it runs where something reads it (as ``zoo.logs.log_batch_scalars``): for the
+        progress bar, on the written batches, and at the end of an epoch or of the fit, what
+        ``EarlyStopping`` and ``ModelCheckpoint(monitor="loss")`` read (``callback_metrics``)."""
         every, last = self.trainer.log_every_n_steps, self.trainer.num_training_batches
-        if not self.trainer.loggers or (self.global_step % every and batch_idx + 1 < last):
+        written = (every > 0 and self.global_step % every == 0) or batch_idx + 1 >= last
+        if written or self.trainer.progress_bar_callback is not None or ends_epoch_or_fit(self):
+            self.log("loss", losses.mean(), prog_bar=True, logger=False)
+        if not self.trainer.loggers or not written:
             return
         metrics, E = {"loss": losses.mean()}, self.n_members()
         if 1 < E <= MAX_MEMBER_TAGS:
@@ -466,10 +472,17 @@ class MultiHeadStudent(MultiHeadModule):
         return Delta
 
     def _scalar_block_size(self) -> int:
-        """Samples per block of the scalar kernel: 16, the fastest at d = 300, 1000, 3000 and 10,000
-        (the Gram matrix ``X X^T`` costs ``n d`` and the recursion's sums ``n`` a step; below 16
-        samples the per-block products and their dispatch cost more than they save)."""
-        return 16
+        """Samples per block of the scalar kernel: the largest power of two ``n`` with ``n d <=``
+        :data:`SCALAR_GRAM_WORK` (2^16), between 4 and 16: 16 up to d = 4,096 (the recipes' d = 1000),
+        8 up to 8,192, 4 above (d = 10,000).
+
+        A block costs three BLAS products (``W_0 X^T``, the Gram matrix ``X X^T``, ``G^T X``) and a
+        few microseconds of Python, spread over its ``n`` steps, and the Gram ``n d`` multiply-adds a
+        step: at d = 1000 the fixed cost dominates and 16 samples were fastest (3.3 us a step; 8, 32: 3.7), at
+        d = 10,000 the Gram does and 4 were (10.8 against 12.2 us a step for 16, the inputs cold in
+        the caches as Lightning's prefetched chunk leaves them). Powers of two only: MKL's Gram of
+        other sizes runs up to 3x slower (15 x 15 at d = 10,000: 240 us, 16 x 16: 75 us)."""
+        return 1 << max(2, min(4, (SCALAR_GRAM_WORK // self.d).bit_length() - 1))
 
     def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
@@ -544,6 +557,8 @@ class MultiHeadStudent(MultiHeadModule):
 MIN_ROWS = 4
 GRAM_WORK = 1 << 17
 """``_block_size``: the block's Gram matrix may cost up to this many multiply-adds per SGD step."""
+SCALAR_GRAM_WORK = 1 << 16
+"""``_scalar_block_size``: the scalar kernel's Gram matrix may cost up to this many multiply-adds per SGD step."""
 VECTOR_ROWS = 64
 """``sgd_steps`` pads the units of the ensemble (rows of W) to a multiple of this: whole AVX-512 vectors, twice."""
 

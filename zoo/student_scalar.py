@@ -12,12 +12,15 @@ runs on Python floats (float64: the rounding differs from the tensor kernels, th
 the same), with the block's products (``W_0 X^T``, the Gram matrix ``X X^T``, ``G^T X``) still
 BLAS products: a step is then ~30 float operations and two short sums of products. One call
 trains a whole chunk, block after block, with the head and the ``Delta`` in Python floats in
-between (a block costs its three products and a few conversions, not a dozen ops a step).
+between (a block costs its three products, written into buffers made once a call, and reads
+them through memoryviews: ~8 us of Python and dispatch a block, not a dozen ops a step).
 
 The loop a user would write the same way (``bench/bench_student.py``'s baseline: ``W x`` and one
-``axpy`` per row of ``W`` a step, the rest on floats) costs three tensor operations a step; the
-blocks win at d = 1000 (~3.7 against ~6 us a step) and tie at d = 10,000, where the Gram's
-``n d`` a step costs as much as the loop's dispatch (``MultiHeadStudent._scalar_block_size``).
+``axpy`` per row of ``W`` a step, the rest on floats) costs three tensor operations a step. On the
+2-core machine, one thread, CPU time per step of the kernels alone (inputs drawn fresh, as the
+datamodule does): at d = 1000 ~2.8 us (blocks of 16) against ~6 us for the loop; at d = 10,000
+~9 us (blocks of 4: the Gram's ``n d`` a step costs more there than the Python a block spreads
+over its ``n`` steps, ``MultiHeadStudent._scalar_block_size``) against ~13 us.
 """
 from __future__ import annotations
 
@@ -72,32 +75,69 @@ def online_steps(W: Tensor, h: Tensor, X: Tensor, y: Tensor, D: Tensor, activati
     act = ACTIVATIONS[activation]
     head, labels, deltas = h.tolist(), y.tolist(), []
     recursion = _two_units if len(head) == 2 else _any_units
-    for a, Xb in zip(range(0, X.shape[0], block), X.split(block)):
-        n, Xt = Xb.shape[0], Xb.T
+    S = X.shape[0]
+    full = S - S % block
+    # every block's X_b and X_b^T as views made at once (unbind), not two slices a block
+    blocks = X[:full].unflatten(0, (-1, block))
+    blocks = list(zip(range(0, full, block), blocks.unbind(0), blocks.transpose(1, 2).unbind(0)))
+    if full < S:
+        blocks.append((full, X[full:], X[full:].T))
+    buffers = None
+    for a, Xb, Xt in blocks:
+        n = Xb.shape[0]
+        if buffers is None or n != block:  # once a call, and once more for a short last block
+            buffers = _block_buffers(W, n)
+        U, U_rows, K, K_rows, G, G_flat = buffers
         # the scales are applied in the recursion, on Python floats: a tensor op per block less each
-        U0 = (W @ Xt).tolist()  # (p, n): W_0 x_j
+        torch.mm(W, Xt, out=U)  # (p, n): W_0 x_j
         # x_m . x_j, read in place: the recursion reads x_m . x_j for m < j only, and a memoryview
         # makes a Python float of an entry when it is read (tolist would make all n^2)
-        K = Xb @ Xt
-        K = memoryview((K if K.dtype in _TYPECODES else K.float()).numpy().ravel())  # bfloat16 -> float32: exact
-        G, block_deltas = recursion(act, [K[j * n:(j + 1) * n] for j in range(n)], U0, labels[a:a + n], head,
-                                    scale_u, c_u, c_head)
-        W.addmm_(_tensor([g for unit in G for g in unit] if len(G) != 2 else G[0] + G[1], W.dtype).view(len(G), n),
-                 Xb, alpha=-c_W)
+        if K.dtype == Xb.dtype:
+            torch.mm(Xb, Xt, out=K)
+        else:
+            K.copy_(Xb @ Xt)  # bfloat16 -> float32: exact
+        g, block_deltas = recursion(act, K_rows, U_rows or U.tolist(), labels[a:a + n], head, scale_u, c_u, c_head)
+        g = [v for unit in g for v in unit] if len(g) != 2 else g[0] + g[1]
+        if G_flat is None:
+            G = torch.tensor(g, dtype=W.dtype).view(U.shape)
+        else:
+            G_flat[:] = array(G_flat.format, g)
+        W.addmm_(G, Xb, alpha=-c_W)
         head = _rounded(head, h.dtype)
         deltas += block_deltas
     h.copy_(torch.tensor(head, dtype=h.dtype))
     D.copy_(torch.tensor(deltas, dtype=D.dtype))
 
 
+def _block_buffers(W: Tensor, n: int) -> tuple[Tensor, list[memoryview] | None, Tensor, list[memoryview], Tensor,
+                                               memoryview | None]:
+    """A block's products, written in place (``out=``), and memoryviews of them, made once a call,
+    not once a block (each costs about a microsecond, as much as a product at d = 1000):
+    ``(U, U_rows, K, K_rows, G, G_flat)``: ``U`` (p, n) ``W_0 X^T`` and ``U_rows`` its rows; ``K``
+    (n, n) the Gram matrix and ``K_rows`` its rows; ``G`` (p, n) the block's update directions and
+    ``G_flat`` their buffer. For dtypes the array module does not hold (bfloat16, float16) ``K`` is
+    float32 (the Gram's entries exactly), ``U_rows`` and ``G_flat`` None: ``U`` is read with
+    ``tolist`` and ``G`` made from the Python floats each block."""
+    kind = _TYPECODES.get(W.dtype)
+    U, G = W.new_empty(W.shape[0], n), W.new_empty(W.shape[0], n)
+    K = torch.empty(n, n, dtype=W.dtype if kind else torch.float32)
+    U_rows = _rows(U) if kind else None
+    return U, U_rows, K, _rows(K), G, _flat(G) if kind else None
+
+
+def _rows(A: Tensor) -> list[memoryview]:
+    """The rows of ``A`` (2-d, contiguous), each a memoryview of Python floats."""
+    flat, n = _flat(A), A.shape[1]
+    return [flat[i * n:(i + 1) * n] for i in range(A.shape[0])]
+
+
+def _flat(A: Tensor) -> memoryview:
+    """The entries of ``A`` (contiguous, float32 or float64) as a flat memoryview of Python floats."""
+    return memoryview(A.numpy()).cast("B").cast(_TYPECODES[A.dtype])
+
+
 #: array typecodes of the dtypes whose values the array module holds exactly
 _TYPECODES = {torch.float32: "f", torch.float64: "d"}
-
-
-def _tensor(values: list[float], dtype: torch.dtype) -> Tensor:
-    """``values`` as a 1-d tensor of ``dtype`` (through an array, faster than ``torch.tensor``)."""
-    kind = _TYPECODES.get(dtype)
-    return torch.frombuffer(array(kind, values), dtype=dtype) if kind else torch.tensor(values, dtype=dtype)
 
 
 def _rounded(values: list[float], dtype: torch.dtype) -> list[float]:
