@@ -46,7 +46,7 @@ from torchmetrics import MeanSquaredError
 
 from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
-from zoo.gdln_fast import GradientDescent, TwoLayerEpoch, run_together
+from zoo.gdln_fast import GradientDescent, PlainUpdate, TwoLayerEpoch, run_together
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import member_labels
@@ -389,14 +389,9 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         network computes what ``TwoLayerEpoch`` does (no subclass changed a step of ``_grads``); else None."""
         return None
 
-    def sgd_step(self) -> Callable[[], None]:
+    def sgd_step(self) -> PlainUpdate:
         """The plain GD update ``W -= lr W.grad`` (what ``run_epochs`` applies without a Trainer)."""
-        params, lr = list(self.W), self.lr
-
-        def step() -> None:  # under descend's no_grad
-            for W in params:
-                W.sub_(W.grad, alpha=lr)
-        return step
+        return PlainUpdate([(W, self.lr) for W in self.W])
 
     def threads(self, x: Tensor) -> int | None:
         return self.num_threads if x.device.type == "cpu" else None

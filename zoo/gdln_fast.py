@@ -82,17 +82,11 @@ class GradientDescent:
             return None
         return [rates[id(W)] for W in params]
 
-    def update_fn(self) -> Callable[[], None]:
+    def update_fn(self) -> "PlainUpdate":
         """``step()`` without a closure, for a caller already under ``no_grad`` (``run_epochs``): the
         same update with the parameters and learning rates read once, ~1 us less per call. Valid
         while the groups' learning rates stay as they are (one training batch)."""
-        pairs = [(W, group["lr"]) for group in self.param_groups for W in group["params"]]
-
-        def update() -> None:
-            for W, lr in pairs:
-                if W.grad is not None:
-                    W.sub_(W.grad, alpha=lr)
-        return update
+        return PlainUpdate([(W, group["lr"]) for group in self.param_groups for W in group["params"]])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
@@ -128,6 +122,28 @@ class GradientDescent:
         return f"GradientDescent(lr={[g['lr'] for g in self.param_groups]})"
 
 
+class PlainUpdate:
+    """The update ``W <- W - lr W.grad`` of fixed (W, lr) pairs (parameters whose ``grad`` is None
+    are left alone), called once per epoch under ``no_grad``. Knowing it is exactly this update,
+    ``run_together`` may apply it inside each network's epoch instead (``TwoLayerEpoch.updating``:
+    the same operations on the same values, so the same bits)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[Tensor, float]]) -> None:
+        self.pairs = pairs
+
+    def __call__(self) -> None:
+        for W, lr in self.pairs:
+            if W.grad is not None:
+                W.sub_(W.grad, alpha=lr)
+
+    def rates(self, params: list[Tensor]) -> list[float] | None:
+        """Each of ``params``' learning rates, where this update covers every one of them; else None."""
+        rates = {id(W): lr for W, lr in self.pairs}
+        return [rates[id(W)] for W in params] if all(id(W) in rates for W in params) else None
+
+
 class TwoLayerEpoch:
     """The loss gradients of a one-hidden-layer gated network on the full batch, into reused tensors.
 
@@ -156,6 +172,7 @@ class TwoLayerEpoch:
         # zoo.gdln._outer's orientation, (act^T delta)^T where delta is the wider: for both gradients
         H = Ws[0].shape[-2]
         self.flip1, self.flip0 = y.shape[-1] > H, H > x.shape[-1]
+        self.W0T: Tensor | None = None  # W0's transposed working copy while ``updating`` trains it
         # every intermediate: empty until the first epoch sizes it (out= resizes an empty tensor)
         self.W0m, self.pre, self.out, self.sq, self.g1, self.delta, self.g0, self.g0m = (x.new_empty(0) for _ in range(8))
         # the members' axes of the loss (the output errors are (*batch, N, n_out))
@@ -169,57 +186,116 @@ class TwoLayerEpoch:
 
     def gradients(self, out: Tensor) -> tuple[Tensor, list[Tensor]]:
         """One epoch's output errors (written into ``out``) and the two weight gradients."""
-        matmul, gates, mask, scale = self.matmul, self.gates, self.mask, self.scale
-        W1 = self.Ws[1]
-        W0T, W1T = self.WT
-        if mask is not None:
-            W0T = torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
-        h = matmul(self.x, W0T, out=self.pre)
-        h = h.relu_() if gates is None else h.mul_(gates)
-        err = matmul(h, W1T, out=out).sub_(self.y)
-        if self.flip1:
-            g1 = matmul(h.transpose(-1, -2), err, out=self.g1).transpose(-1, -2)
+        mask, scale = self.mask, self.scale
+        W0T = self.WT[0] if mask is None else torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
+        err, g1, delta = self._backprop(W0T, out)
+        if self.flip0:
+            g0 = self.matmul(self.xT, delta, out=self.g0).transpose(-1, -2)
         else:
-            g1 = matmul(err.transpose(-1, -2), h, out=self.g1)
-        if scale != 1.0:
-            g1.mul_(scale)
-        delta = matmul(err, W1, out=self.delta)
-        if gates is None:
-            _threshold_backward(delta, h, 0.0, grad_input=delta)
-        else:
-            delta.mul_(gates)
-        g0 = matmul(self.xT, delta, out=self.g0).transpose(-1, -2) if self.flip0 else matmul(delta.transpose(-1, -2), self.x, out=self.g0)
+            g0 = self.matmul(delta.transpose(-1, -2), self.x, out=self.g0)
         if scale != 1.0:
             g0.mul_(scale)
         if mask is not None:
             g0 = torch.mul(g0, mask, out=self.g0m)
         return err, [g0, g1]
 
+    def _backprop(self, W0T: Tensor, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The output errors (into ``out``), W1's gradient and the error at the hidden layer's
+        pre-activations, given the (masked) input weights as (..., n_in, H)."""
+        matmul, gates, scale = self.matmul, self.gates, self.scale
+        h = matmul(self.x, W0T, out=self.pre)
+        h = h.relu_() if gates is None else h.mul_(gates)
+        err = matmul(h, self.WT[1], out=out).sub_(self.y)
+        if self.flip1:
+            g1 = matmul(h.transpose(-1, -2), err, out=self.g1).transpose(-1, -2)
+        else:
+            g1 = matmul(err.transpose(-1, -2), h, out=self.g1)
+        if scale != 1.0:
+            g1.mul_(scale)
+        delta = matmul(err, self.Ws[1], out=self.delta)
+        if gates is None:
+            _threshold_backward(delta, h, 0.0, grad_input=delta)
+        else:
+            delta.mul_(gates)
+        return err, g1, delta
+
+    def updating(self, rates: list[float]) -> Callable[[Tensor], tuple[Tensor, list[Tensor]]]:
+        """``gradients`` followed by the epoch's own update ``W <- W - rate g`` (``rates``: W0's and
+        W1's), for ``run_together`` where its step is exactly that update (``PlainUpdate``): the
+        same operations on the same values, so the same bits. Where W0's gradient is a transposed
+        product (``flip0``, H > n_in), W0 lives on a contiguous transposed working copy for the
+        chunk: its update then reads the gradient as it lies (~5% of an epoch of the [H] App. H
+        ReLU net, whose update of the (700 x 11) weights from the (11 x 700) product read it
+        across), and the forward product reads the copy as it read the transposed view. ``settle``
+        writes the copy back into W0."""
+        lr0, lr1 = rates
+        W0, W1 = self.Ws
+        if not self.flip0:
+            def in_place(out: Tensor) -> tuple[Tensor, list[Tensor]]:
+                err, (g0, g1) = grads = self.gradients(out)
+                W1.sub_(g1, alpha=lr1)
+                W0.sub_(g0, alpha=lr0)
+                return grads
+            return in_place
+        mask, scale, x = self.mask, self.scale, self.x
+        self.W0T = W0T = W0.transpose(-1, -2).contiguous()
+        maskT = mask.transpose(-1, -2).contiguous() if mask is not None else None
+        W0mT, g0T, g0mT = (x.new_empty(0) for _ in range(3))
+
+        def transposed(out: Tensor) -> tuple[Tensor, list[Tensor]]:
+            err, g1, delta = self._backprop(W0T if maskT is None else torch.mul(W0T, maskT, out=W0mT), out)
+            g0 = self.matmul(self.xT, delta, out=g0T)
+            if scale != 1.0:
+                g0.mul_(scale)
+            if maskT is not None:
+                g0 = torch.mul(g0, maskT, out=g0mT)
+            W1.sub_(g1, alpha=lr1)
+            W0T.sub_(g0, alpha=lr0)
+            return err, [g0.transpose(-1, -2), g1]
+        return transposed
+
+    def settle(self) -> None:
+        """W0 from the working copy ``updating`` trained, where it made one."""
+        if self.W0T is not None:
+            self.Ws[0].copy_(self.W0T.transpose(-1, -2))
+            self.W0T = None
+
 
 def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int, step: Callable[[], object]) -> list[Tensor]:
     """``n`` epochs of several networks in lockstep (``zoo.gdln.Comparison``): every network's
-    gradients into its ``params``' ``grad``, then one ``step()`` for all. Each network's losses,
-    (n, *batch), computed a block of epochs at a time from the kept output errors."""
+    gradients into its ``params``' ``grad``, then one ``step()`` for all; where ``step`` is the plain
+    update of every network's weights (``PlainUpdate``), each network applies it inside its epoch
+    (``TwoLayerEpoch.updating``, the same bits; the networks are independent, so the order does
+    not matter). Each network's losses, (n, *batch), computed a block of epochs at a time from
+    the kept output errors."""
     block = min(n, TwoLayerEpoch.BLOCK)
+    rates = [step.rates(ps) for ps in params] if isinstance(step, PlainUpdate) else [None]
+    own = all(r is not None for r in rates)
+    fns = [e.updating(r) for e, r in zip(epochs, rates)] if own else [e.gradients for e in epochs]
     # the output errors of a block of epochs, one view per epoch made once
     errs = [e.x.new_empty((block, *e.batch, e.x.shape[-2], e.y.shape[-1])) for e in epochs]
-    work = [(e.gradients, err_block.unbind(0)) for e, err_block in zip(epochs, errs)]
+    work = [(fn, err_block.unbind(0)) for fn, err_block in zip(fns, errs)]
     losses = [e.x.new_empty((n, *e.batch)) for e in epochs]
     unset = True
-    for start in range(0, n, block):
-        m = min(block, n - start)
-        for i in range(m):
-            if unset:  # the gradient tensors are the same every epoch
-                for (gradients, views), ps in zip(work, params):
-                    for W, g in zip(ps, gradients(views[i])[1]):
-                        W.grad = g.view(W.shape)
-                unset = False
-            else:
-                for gradients, views in work:
-                    gradients(views[i])
-            step()
-        # the block's losses: the same pow, sum and scale per epoch as TwoLayerEpoch.__call__'s
-        for e, err_block, L in zip(epochs, errs, losses):
-            torch.sum(err_block[:m].pow_(2), (-1, -2), out=L[start:start + m])
-            L[start:start + m].mul_(e.half_scale)
+    try:
+        for start in range(0, n, block):
+            m = min(block, n - start)
+            for i in range(m):
+                if unset:  # the gradient tensors are the same every epoch
+                    for (fn, views), ps in zip(work, params):
+                        for W, g in zip(ps, fn(views[i])[1]):
+                            W.grad = g.view(W.shape)
+                    unset = False
+                else:
+                    for fn, views in work:
+                        fn(views[i])
+                if not own:
+                    step()
+            # the block's losses: the same pow, sum and scale per epoch as TwoLayerEpoch.__call__'s
+            for e, err_block, L in zip(epochs, errs, losses):
+                torch.sum(err_block[:m].pow_(2), (-1, -2), out=L[start:start + m])
+                L[start:start + m].mul_(e.half_scale)
+    finally:
+        for e in epochs:
+            e.settle()
     return losses
