@@ -28,6 +28,7 @@ a ReLU net's training amplifies that (bench/bench_gdln.py's notes).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -172,9 +173,13 @@ class TwoLayerEpoch:
         # zoo.gdln._outer's orientation, (act^T delta)^T where delta is the wider: for both gradients
         H = Ws[0].shape[-2]
         self.flip1, self.flip0 = y.shape[-1] > H, H > x.shape[-1]
-        self.W0T: Tensor | None = None  # W0's transposed working copy while ``updating`` trains it
+        # W0's input mask as (n_in, H), the layout the products read W0 in where flip0
+        self.maskT = mask.transpose(-1, -2).contiguous() if mask is not None and self.flip0 else None
+        self.copies: list[tuple[Tensor, Tensor, bool]] = []  # (weight, its working copy, transposed) while ``updating`` trains
         # every intermediate: empty until the first epoch sizes it (out= resizes an empty tensor)
         self.W0m, self.pre, self.out, self.sq, self.g1, self.delta, self.g0, self.g0m = (x.new_empty(0) for _ in range(8))
+        if self.flip0:  # (masked) W0 copied as (n_in, H) every epoch: sized now, copy_ does not resize
+            self.W0m = Ws[0].new_empty(self.WT[0].shape)
         # the members' axes of the loss (the output errors are (*batch, N, n_out))
         self.batch = torch.broadcast_shapes(x.shape[:-2], Ws[0].shape[:-2], Ws[1].shape[:-2], y.shape[:-2],
                                             gates.shape[:-2] if gates is not None else ())
@@ -186,79 +191,105 @@ class TwoLayerEpoch:
 
     def gradients(self, out: Tensor) -> tuple[Tensor, list[Tensor]]:
         """One epoch's output errors (written into ``out``) and the two weight gradients."""
-        mask, scale = self.mask, self.scale
-        W0T = self.WT[0] if mask is None else torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
-        err, g1, delta = self._backprop(W0T, out)
-        if self.flip0:
-            g0 = self.matmul(self.xT, delta, out=self.g0).transpose(-1, -2)
-        else:
-            g0 = self.matmul(delta.transpose(-1, -2), self.x, out=self.g0)
-        if scale != 1.0:
-            g0.mul_(scale)
-        if mask is not None:
-            g0 = torch.mul(g0, mask, out=self.g0m)
-        return err, [g0, g1]
-
-    def _backprop(self, W0T: Tensor, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The output errors (into ``out``), W1's gradient and the error at the hidden layer's
-        pre-activations, given the (masked) input weights as (..., n_in, H)."""
-        matmul, gates, scale = self.matmul, self.gates, self.scale
+        matmul, gates, mask, scale = self.matmul, self.gates, self.mask, self.scale
+        W1 = self.Ws[1]
+        W0T, W1T = self.WT
+        if self.flip0:  # W0 as ``updating``'s working copy lies, so the products give its bits
+            W0T = torch.mul(W0T, self.maskT, out=self.W0m) if mask is not None else self.W0m.copy_(W0T)
+        elif mask is not None:
+            W0T = torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
         h = matmul(self.x, W0T, out=self.pre)
         h = h.relu_() if gates is None else h.mul_(gates)
-        err = matmul(h, self.WT[1], out=out).sub_(self.y)
+        err = matmul(h, W1T, out=out).sub_(self.y)
         if self.flip1:
             g1 = matmul(h.transpose(-1, -2), err, out=self.g1).transpose(-1, -2)
         else:
             g1 = matmul(err.transpose(-1, -2), h, out=self.g1)
         if scale != 1.0:
             g1.mul_(scale)
-        delta = matmul(err, self.Ws[1], out=self.delta)
+        delta = matmul(err, W1, out=self.delta)
         if gates is None:
             _threshold_backward(delta, h, 0.0, grad_input=delta)
         else:
             delta.mul_(gates)
-        return err, g1, delta
+        g0 = matmul(self.xT, delta, out=self.g0).transpose(-1, -2) if self.flip0 else matmul(delta.transpose(-1, -2), self.x, out=self.g0)
+        if scale != 1.0:
+            g0.mul_(scale)
+        if mask is not None:
+            g0 = torch.mul(g0, mask, out=self.g0m)
+        return err, [g0, g1]
 
-    def updating(self, rates: list[float]) -> Callable[[Tensor], tuple[Tensor, list[Tensor]]]:
-        """``gradients`` followed by the epoch's own update ``W <- W - rate g`` (``rates``: W0's and
-        W1's), for ``run_together`` where its step is exactly that update (``PlainUpdate``): the
-        same operations on the same values, so the same bits. Where W0's gradient is a transposed
-        product (``flip0``, H > n_in), W0 lives on a contiguous transposed working copy for the
-        chunk: its update then reads the gradient as it lies (~5% of an epoch of the [H] App. H
-        ReLU net, whose update of the (700 x 11) weights from the (11 x 700) product read it
-        across), and the forward product reads the copy as it read the transposed view. ``settle``
-        writes the copy back into W0."""
-        lr0, lr1 = rates
+    def updating(self, rates: list[float]) -> tuple[Callable[[Tensor, Tensor], object], list[Tensor]]:
+        """One epoch as ``gradients`` computes it followed by its own update ``W <- W - rate g``
+        (``rates``: W0's and W1's), for ``run_together`` where its step is exactly that update
+        (``PlainUpdate``): the same operations on the same values, so the same bits. Returns the
+        epoch, called as ``epoch(out, out^T)`` (the output errors' buffer and its transposed view),
+        and the gradients as the weights are shaped (the tensors every epoch writes).
+
+        For the chunk, the weights live on working copies, W0 laid out as its gradient's product
+        leaves it ((n_in, H) where ``flip0``, as ``gradients`` reads it too), in one buffer, and
+        both gradients in another: the update reads the gradients as they lie, in one pass where
+        the rates agree and W1's gradient is not transposed (the [H] App. H ReLU net's (700 x 11)
+        input weights were updated from an (11 x 700) product read across, ~5% of an epoch), and
+        every transposed view is made once, not each epoch (~1 us each). ``settle`` writes the
+        copies back into the weights."""
+        matmul, gates, mask, scale, x, y = self.matmul, self.gates, self.mask, self.scale, self.x, self.y
         W0, W1 = self.Ws
-        if not self.flip0:
-            def in_place(out: Tensor) -> tuple[Tensor, list[Tensor]]:
-                err, (g0, g1) = grads = self.gradients(out)
-                W1.sub_(g1, alpha=lr1)
-                W0.sub_(g0, alpha=lr0)
-                return grads
-            return in_place
-        mask, scale, x = self.mask, self.scale, self.x
-        self.W0T = W0T = W0.transpose(-1, -2).contiguous()
-        maskT = mask.transpose(-1, -2).contiguous() if mask is not None else None
-        W0mT, g0T, g0mT = (x.new_empty(0) for _ in range(3))
+        N, H = x.shape[-2], W0.shape[-2]
+        flip0, flip1 = self.flip0, self.flip1
+        # [W0 | W1] and [g0 | g1], W0 and g0 as (n_in, H) where flip0, W1 as it is
+        shapes = [W0.transpose(-1, -2).shape if flip0 else W0.shape, W1.shape]
+        sizes = [math.prod(s) for s in shapes]
+        W_all, g_all = W0.new_empty(sum(sizes)), W0.new_empty(sum(sizes))
+        W0c, W1c = (b.view(s) for b, s in zip(W_all.split(sizes), shapes))
+        g0c, g1c = (b.view(s) for b, s in zip(g_all.split(sizes), shapes))
+        W0c.copy_(self.WT[0] if flip0 else W0)
+        W1c.copy_(W1)
+        self.copies = [(W0, W0c, flip0), (W1, W1c, False)]
+        # every operand and result as the products of ``gradients`` see them, views made once
+        mask_c = (self.maskT if flip0 else mask) if mask is not None else None
+        W0m = W0.new_empty(shapes[0]) if mask is not None else W0c
+        W0_in = W0m if flip0 else W0m.transpose(-1, -2)
+        W1T = W1c.transpose(-1, -2)
+        pre, delta = x.new_empty((*self.batch, N, H)), x.new_empty((*self.batch, N, H))
+        g1 = x.new_empty((*self.batch, H, y.shape[-1])) if flip1 else g1c
+        g0 = x.new_empty(shapes[0]) if mask is not None else g0c
+        hT, deltaT, xT = pre.transpose(-1, -2), delta.transpose(-1, -2), self.xT
+        lr0, lr1 = rates
+        one_pass = lr0 == lr1 and not flip1
+        W1_update, g1_update = (W1c, g1.transpose(-1, -2)) if flip1 else (W1c, g1c)
 
-        def transposed(out: Tensor) -> tuple[Tensor, list[Tensor]]:
-            err, g1, delta = self._backprop(W0T if maskT is None else torch.mul(W0T, maskT, out=W0mT), out)
-            g0 = self.matmul(self.xT, delta, out=g0T)
+        def epoch(out: Tensor, outT: Tensor) -> None:
+            if mask_c is not None:
+                torch.mul(W0c, mask_c, out=W0m)
+            h = matmul(x, W0_in, out=pre)
+            h = h.relu_() if gates is None else h.mul_(gates)
+            err = matmul(h, W1T, out=out).sub_(y)
+            matmul(hT, err, out=g1) if flip1 else matmul(outT, h, out=g1)
+            if scale != 1.0:
+                g1.mul_(scale)
+            matmul(err, W1c, out=delta)
+            if gates is None:
+                _threshold_backward(delta, h, 0.0, grad_input=delta)
+            else:
+                delta.mul_(gates)
+            matmul(xT, delta, out=g0) if flip0 else matmul(deltaT, x, out=g0)
             if scale != 1.0:
                 g0.mul_(scale)
-            if maskT is not None:
-                g0 = torch.mul(g0, maskT, out=g0mT)
-            W1.sub_(g1, alpha=lr1)
-            W0T.sub_(g0, alpha=lr0)
-            return err, [g0.transpose(-1, -2), g1]
-        return transposed
+            if mask_c is not None:
+                torch.mul(g0, mask_c, out=g0c)
+            if one_pass:
+                W_all.sub_(g_all, alpha=lr0)
+            else:
+                W0c.sub_(g0c, alpha=lr0)
+                W1_update.sub_(g1_update, alpha=lr1)
+        return epoch, [g0c.transpose(-1, -2) if flip0 else g0c, g1_update]
 
     def settle(self) -> None:
-        """W0 from the working copy ``updating`` trained, where it made one."""
-        if self.W0T is not None:
-            self.Ws[0].copy_(self.W0T.transpose(-1, -2))
-            self.W0T = None
+        """The weights from the working copies ``updating`` trained, where it made them."""
+        for W, c, flip in self.copies:
+            W.copy_(c.transpose(-1, -2) if flip else c)
+        self.copies = []
 
 
 def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int, step: Callable[[], object]) -> list[Tensor]:
@@ -269,27 +300,38 @@ def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int
     not matter). Each network's losses, (n, *batch), computed a block of epochs at a time from
     the kept output errors."""
     block = min(n, TwoLayerEpoch.BLOCK)
+    # the output errors of a block of epochs, one view per epoch (and its transpose) made once
+    errs = [e.x.new_empty((block, *e.batch, e.x.shape[-2], e.y.shape[-1])) for e in epochs]
+    views = [[(v, v.transpose(-1, -2)) for v in err_block.unbind(0)] for err_block in errs]
+    losses = [e.x.new_empty((n, *e.batch)) for e in epochs]
     rates = [step.rates(ps) for ps in params] if isinstance(step, PlainUpdate) else [None]
     own = all(r is not None for r in rates)
-    fns = [e.updating(r) for e, r in zip(epochs, rates)] if own else [e.gradients for e in epochs]
-    # the output errors of a block of epochs, one view per epoch made once
-    errs = [e.x.new_empty((block, *e.batch, e.x.shape[-2], e.y.shape[-1])) for e in epochs]
-    work = [(fn, err_block.unbind(0)) for fn, err_block in zip(fns, errs)]
-    losses = [e.x.new_empty((n, *e.batch)) for e in epochs]
-    unset = True
     try:
+        if own:
+            work = []
+            for e, r, ps, vs in zip(epochs, rates, params, views):
+                fn, grads = e.updating(r)
+                for W, g in zip(ps, grads):  # the last epoch's gradients once the loop ends
+                    W.grad = g.view(W.shape)
+                work.append((fn, vs))
+        else:
+            work = [(e.gradients, vs) for e, vs in zip(epochs, views)]
+        unset = not own
         for start in range(0, n, block):
             m = min(block, n - start)
             for i in range(m):
-                if unset:  # the gradient tensors are the same every epoch
-                    for (fn, views), ps in zip(work, params):
-                        for W, g in zip(ps, fn(views[i])[1]):
+                if own:
+                    for fn, vs in work:
+                        fn(*vs[i])
+                elif unset:  # the gradient tensors are the same every epoch
+                    for (fn, vs), ps in zip(work, params):
+                        for W, g in zip(ps, fn(vs[i][0])[1]):
                             W.grad = g.view(W.shape)
                     unset = False
+                    step()
                 else:
-                    for fn, views in work:
-                        fn(views[i])
-                if not own:
+                    for fn, vs in work:
+                        fn(vs[i][0])
                     step()
             # the block's losses: the same pow, sum and scale per epoch as TwoLayerEpoch.__call__'s
             for e, err_block, L in zip(epochs, errs, losses):
