@@ -111,40 +111,42 @@ def zoo_run_epochs(kind: str, dm: Contexts, threads: int) -> tuple[float, list[t
 def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
     """8,000 epochs of the same update written out: relu (or the ReLN's fixed gates and input
     masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors made once,
-    the input weights held transposed (n_in x H, contiguous: the gradient product's orientation),
-    the losses computed a block of 32 epochs at a time from the kept output errors."""
+    the input weights held transposed (n_in x H: as their gradient's product leaves it) beside the
+    output weights in one buffer, both gradients in another (one update pass), every transposed
+    view made once, the losses computed a block of 32 epochs at a time from the kept output errors."""
     net = make(kind, dm, 1)
     if kind == "ReLN":
         net.attach(dm)
     net.build(dm.X, dm.Y)  # the same initial weights as the zoo side
-    W0T, W1 = net.W[0].detach()[0].T.contiguous(), net.W[1].detach()[0].clone()
+    W0, W1 = (w.detach()[0] for w in net.W)
     X, Y = dm.X, dm.Y
     XT = X.T.contiguous()
     G = net.unit_gates if kind == "ReLN" else None  # (N, H): pathway p's gate on point i, per unit
     MT = net.unit_inputs.T.contiguous() if kind == "ReLN" else None  # (n_in, H): the features each unit reads
-    N, H, B = X.shape[0], W0T.shape[1], 32
-    pre, errs, sq = torch.empty(N, H), torch.empty(B, N, Y.shape[1]), torch.empty(B, N, Y.shape[1])
-    g1, delta, g0 = torch.empty_like(W1), torch.empty(N, H), torch.empty_like(W0T)
-    W0m, g0m = torch.empty_like(W0T), torch.empty_like(W0T)
-    mm, views, losses = torch.mm, errs.unbind(0), torch.empty(EPOCHS)
+    (H, n_in), n_out, N, B = W0.shape, Y.shape[1], X.shape[0], 32
+    W_all, g_all = torch.empty(n_in * H + n_out * H), torch.empty(n_in * H + n_out * H)
+    W0T, W1 = W_all[:n_in * H].view(n_in, H).copy_(W0.T), W_all[n_in * H:].view(n_out, H).copy_(W1)
+    g0, g1 = g_all[:n_in * H].view(n_in, H), g_all[n_in * H:].view(n_out, H)
+    W1T, pre, delta, W0m, g0m = W1.T, torch.empty(N, H), torch.empty(N, H), torch.empty(n_in, H), torch.empty(n_in, H)
+    errs, sq = torch.empty(B, N, n_out), torch.empty(B, N, n_out)
+    mm, views, losses = torch.mm, [(e, e.T) for e in errs.unbind(0)], torch.empty(EPOCHS)
     t = CLOCK()
     with torch.no_grad():
         for start in range(0, EPOCHS, B):
-            for err in views:
+            for err, errT in views:
                 if G is None:
                     mm(X, W0T, out=pre).relu_()
                 else:
                     mm(X, torch.mul(W0T, MT, out=W0m), out=pre).mul_(G)
-                mm(pre, W1.T, out=err).sub_(Y)
-                mm(err.T, pre, out=g1)
+                mm(pre, W1T, out=err).sub_(Y)
+                mm(errT, pre, out=g1)
                 mm(err, W1, out=delta)
                 if G is None:
                     torch.ops.aten.threshold_backward.grad_input(delta, pre, 0.0, grad_input=delta)
+                    mm(XT, delta, out=g0)
                 else:
-                    delta.mul_(G)
-                mm(XT, delta, out=g0)
-                W1.sub_(g1, alpha=LR)
-                W0T.sub_(g0 if MT is None else torch.mul(g0, MT, out=g0m), alpha=LR)
+                    torch.mul(mm(XT, delta.mul_(G), out=g0m), MT, out=g0)
+                W_all.sub_(g_all, alpha=LR)
             torch.sum(torch.pow(errs, 2, out=sq), (-1, -2), out=losses[start:start + B]).mul_(0.5)
     elapsed = CLOCK() - t
     return elapsed, [W0T.T[None], W1[None], losses]

@@ -68,6 +68,28 @@ def test_fast_epochs_are_the_generic_bits(kind, n):
     assert not torch.equal(fast.W[0], fast.W0_init)  # it did train
 
 
+@pytest.mark.parametrize("E", [1, 2])
+def test_own_update_is_the_steps_bits_on_dense_inputs(E):
+    """Where run_together applies the plain update inside the epoch (its working copies, W0 laid
+    out (n_in, H)), the weights and losses are those of gradients-then-step and of the generic
+    path, bit for bit, on dense random inputs (not one-hot: every product rounds) with the hidden
+    layer wider than the input (W0's gradient a transposed product)."""
+    g = torch.Generator().manual_seed(3)
+    X, Y = torch.randn(13, 5, generator=g), torch.randn(13, 4, generator=g)
+    own, stepped, slow = (ReLUNet(hidden=[24], init=Gaussian(sigma=0.3), ensemble=E, lr=1e-3, seed=1) for _ in range(3))
+    for m in (own, stepped, slow):
+        m.build(X, Y)
+    _generic(slow)
+    update = stepped.sgd_step()
+    L = [own.run_epochs(X, Y, 40), stepped.run_epochs(X, Y, 40, lambda: update()), slow.run_epochs(X, Y, 40)]
+    for other, Lo in zip((stepped, slow), L[1:]):
+        assert torch.equal(L[0], Lo)
+        assert all(torch.equal(a, b) for a, b in zip(own.W, other.W))
+    # W.grad: the last epoch's gradients, as the step leaves them
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(own.W, stepped.W))
+    assert L[0][-1].sum() < 0.8 * L[0][0].sum()  # it did train
+
+
 def test_overridden_steps_and_two_layers_take_the_generic_path():
     class Leaky(ReLUNet):
         def gates(self, h):
