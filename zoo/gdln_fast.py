@@ -16,15 +16,23 @@ reads the state dict of a plain SGD (a checkpoint written before it existed).
 ``FullBatchNet._grads``, written into tensors allocated at the first epoch and reused (``out=`` and
 in-place variants of the same kernels: the same bits, tested in tests/test_gdln_fast_path.py).
 ``run_together`` takes a chunk of epochs (of one network, or of several in lockstep) in one loop and
-computes their losses 32 epochs at a time from the kept output errors.
+computes their losses 32 epochs at a time from the kept output errors. Where the chunk's step is
+the plain update (``PlainUpdate``: what ``GradientDescent`` applies when Lightning lets it, and
+``run_epochs``' default), each epoch applies it itself (``TwoLayerEpoch.updating``) on working
+copies of the weights, W0 laid out as its gradient's product leaves it, both in one buffer and
+both gradients in another: one update pass, no strided read, every transposed view made once.
 
 Where the time goes (the [H] App. H ReLU net, 24 points x 700 units x 60 outputs, one thread, AMD
 EPYC with MKL, 2026-11-26): three ~1M multiply-add products an epoch (output, its weight gradient,
-backpropagation to the hidden layer) take ~25-34 us each, 60-80 GFLOP/s against ~95 GFLOP/s of a
-large square sgemm; they are ~85 us of an epoch of ~130 us. The other orientations of each product
-(transposed operands or results, contiguous copies of transposed weights) and oneDNN's matmul are
-slower; an update fused into its product (``addmm`` into W) saves ~5% but rounds differently, and
-a ReLU net's training amplifies that (bench/bench_gdln.py's notes).
+backpropagation to the hidden layer) take ~25-31 us each, 60-80 GFLOP/s against ~95 GFLOP/s of a
+large square sgemm; with the two input-side products (~7 us each) they are ~95 us of an epoch of
+~105 us. The rest is relu and its backward (~1 and ~3 us), the update pass (~4 us) and ~1 us of
+dispatch per tensor operation (~11 us an epoch at a tiny width). Before the working copies the
+update of the (700 x 11) input weights from the transposed (11 x 700) product took ~6 us (a
+strided read), a separate pass for each weight and a transposed view made each epoch another
+~3 us: the epoch was ~17% slower. The other orientations of each product and oneDNN's matmul are
+slower; an update fused into its product (``addmm`` into W) rounds differently (MKL adds W into
+its accumulation) and a ReLU net's training amplifies that (bench/bench_gdln.py's notes).
 """
 from __future__ import annotations
 
@@ -194,7 +202,10 @@ class TwoLayerEpoch:
         matmul, gates, mask, scale = self.matmul, self.gates, self.mask, self.scale
         W1 = self.Ws[1]
         W0T, W1T = self.WT
-        if self.flip0:  # W0 as ``updating``'s working copy lies, so the products give its bits
+        # where flip0, W0 copied as (n_in, H), as ``updating``'s working copy lies: the same product
+        # on the same layouts, so both paths give the same bits (the generic ``_grads`` reads a
+        # transposed view: MKL gives it the same bits at these sizes, tests/test_gdln_fast_path.py)
+        if self.flip0:
             W0T = torch.mul(W0T, self.maskT, out=self.W0m) if mask is not None else self.W0m.copy_(W0T)
         elif mask is not None:
             W0T = torch.mul(self.Ws[0], mask, out=self.W0m).transpose(-1, -2)
