@@ -11,25 +11,33 @@ The networks: a ReLU net with 700 hidden units and its ReLN (4 pathways x 100 un
 lr 1e-3, init std 0.005/700 ([H] App. H). The zoo side is ``Trainer.fit`` (``epochs_per_step``
 1000, no logger, no checkpoint; one optimizer step per epoch, so ``global_step`` counts epochs).
 The baseline is the strongest hand-written loop of the same arithmetic: the hand-written gradients
-of the same operations in the same order, into tensors allocated once, the losses a block of 32
-epochs at a time, ``W.sub_(grad, alpha=lr)``, no Lightning. A third side, the zoo's Trainer-free
-``run_epochs``, separates the cost of the zoo's own code from Lightning's (its per-step work and
-the counting of the epochs' optimizer steps, ``zoo.steps``). All sides must end on the same
-weights and losses to the bit (checked and printed).
+of the same operations in the same order, into tensors allocated once, the input weights held
+transposed beside the output weights in one buffer and both gradients in another (one update
+``W.sub_(grad, alpha=lr)`` a pass), the losses a block of 32 epochs at a time, no Lightning. A
+third side, the zoo's Trainer-free ``run_epochs``, separates the cost of the zoo's own code from
+Lightning's (its per-step work and the counting of the epochs' optimizer steps, ``zoo.steps``).
+All sides must end on the same weights and losses to the bit (checked and printed).
 
 Where an epoch of the ReLU net goes (CPU time at one thread, AMD EPYC (Zen 4) with MKL 2024.2,
-2026-11-26, load ~4): the output ``h W1^T`` 32 us (63 GFLOP/s), its weight gradient ``err^T h``
-27 us (74), the backprop ``err W1`` 26 us (77), the input-side products 8 us each, the update of
-the (700 x 11) weights from the transposed gradient 6 us, relu / its backward / the W1 update
-1-4 us each; a large square sgemm reaches ~100 GFLOP/s. Tried and left: every other orientation of
-the three products (transposed results, contiguous copies of the transposed weights: each 1-3 us
-slower once the copy is paid), oneDNN's matmul (38-44 us each), W0 stored transposed (a
-contiguous update, 2% on the ReLU net, slower on the ReLN), ``addmm`` of the W1 update into its
-gradient product (5% faster, but another rounding: a ReLU net's weights end 40% apart after 8,000
-epochs, its losses 3e-4 apart), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM
-template needs a constant second operand, frozen weights, so the products stay MKL's; one epoch a
-compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26). The 1 s goal for the ReLU net needs ~20% less arithmetic time than
-these products reach here.
+2026-11-26, load ~2): the output ``h W1^T`` ~31 us (63 GFLOP/s), its weight gradient ``err^T h``
+~25 us (80), the backprop ``err W1`` ~25 us (80), the input-side products ~7 us each, relu / its
+backward / the one update pass ~1 / 3 / 4 us, and ~1 us of dispatch per tensor operation (~11 us
+an epoch at a tiny width); a large square sgemm reaches ~100 GFLOP/s. The products are ~90% of an
+epoch: what is left is there. Done (round 25, -17% an epoch, the same bits): the weights on
+working copies for a chunk of epochs (``zoo.gdln_fast.TwoLayerEpoch.updating``), the (700 x 11)
+input weights laid out (11 x 700) as their gradient's product leaves it (their update had read that
+product across, ~6 us), one update pass for both weights, every transposed view made once (~1 us
+each an epoch); Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup
+(~2% here). Tried and left: every other orientation of the three products (transposed results,
+contiguous copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's
+matmul (38-44 us each), numpy's OpenBLAS for a product (within +-20% of MKL product by product,
+other bits), ``addmm`` of the updates into their gradient products (~5% faster, but another
+rounding: MKL adds W into its accumulation, no elementwise update reproduces it, so the run would
+depend on whether a hook sees every step; a ReLU net's weights end ~5% apart after 8,000 epochs,
+its losses ~1% apart), a boolean mask for relu's backward (``masked_fill_`` / ``where``: ~25 us
+against ~3 us), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM template needs
+a constant second operand, frozen weights, so the products stay MKL's; one epoch a compiled call
+~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26).
 
 Goals ([#21] item 4): the zoo at >= 0.9x the plain loop, and at or below the authors' compiled-JAX
 wall times stated in the issue (ReLU net about 1 s, ReLN about 3 s: fixed figures from another

@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
 from zoo.gdln import GDLN, Comparison, ReLUNet
-from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
+from zoo.gdln_fast import GradientDescent, PlainUpdate, TwoLayerEpoch
 from zoo.init import Gaussian
 from zoo.steps import direct_updates_allowed
 
@@ -88,6 +88,12 @@ def test_own_update_is_the_steps_bits_on_dense_inputs(E):
     # W.grad: the last epoch's gradients, as the step leaves them
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(own.W, stepped.W))
     assert L[0][-1].sum() < 0.8 * L[0][0].sum()  # it did train
+    # a rate per layer (two update passes), and a step that is not the plain update (run as given)
+    rates = [(W, lr) for W, lr in zip(own.W, (2e-3, 5e-4))]
+    own_rates = PlainUpdate(rates)
+    stepped_rates = PlainUpdate([(W, lr) for W, (_, lr) in zip(stepped.W, rates)])
+    La, Lb = own.run_epochs(X, Y, 9, own_rates), stepped.run_epochs(X, Y, 9, lambda: stepped_rates())
+    assert torch.equal(La, Lb) and all(torch.equal(a, b) for a, b in zip(own.W, stepped.W))
 
 
 def test_overridden_steps_and_two_layers_take_the_generic_path():
