@@ -20,7 +20,8 @@ optimizer itself (``GradientDescent.update_fn``, via :func:`epoch_update`) and c
 (``zoo.steps.Updates``; through ``LightningOptimizer.step`` where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
 the number of epochs. The gradients are written by
 hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
-reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
+reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, and applies the optimizer's plain update
+inside the epoch where nothing needs to see each step, the same bits) unless a subclass
 overrides ``member_loss`` (or, for a ``ReLUNet``, ``gates``), which then trains by autograd on its
 own loss. The loss of every epoch
 is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (E, epochs_per_step),
@@ -397,7 +398,8 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         return self.num_threads if x.device.type == "cpu" else None
 
     def run_epochs(self, x: Tensor, y: Tensor, n: int, step: Callable[[], object] | None = None) -> Tensor:
-        """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``);
+        """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``;
+        a one-hidden-layer net applies a ``PlainUpdate`` inside its epochs instead, to the same bits);
         returns the loss before each step, (n, E)."""
         step = step or self.sgd_step()
         epoch = self._prepared_fast_epoch(*self._cast(x, y))
