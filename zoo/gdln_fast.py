@@ -268,7 +268,7 @@ class TwoLayerEpoch:
         hT, deltaT, xT = pre.transpose(-1, -2), delta.transpose(-1, -2), self.xT
         lr0, lr1 = rates
         one_pass = lr0 == lr1 and not flip1
-        W1_update, g1_update = (W1c, g1.transpose(-1, -2)) if flip1 else (W1c, g1c)
+        g1_update = g1.transpose(-1, -2) if flip1 else g1c  # W1's gradient as W1 lies
 
         def epoch(out: Tensor, outT: Tensor) -> None:
             if mask_c is not None:
@@ -293,7 +293,7 @@ class TwoLayerEpoch:
                 W_all.sub_(g_all, alpha=lr0)
             else:
                 W0c.sub_(g0c, alpha=lr0)
-                W1_update.sub_(g1_update, alpha=lr1)
+                W1c.sub_(g1_update, alpha=lr1)
         return epoch, [g0c.transpose(-1, -2) if flip0 else g0c, g1_update]
 
     def settle(self) -> None:
