@@ -22,16 +22,17 @@ Where an epoch of the ReLU net goes (CPU time at one thread, AMD EPYC (Zen 4) wi
 2026-11-26, load ~2): the output ``h W1^T`` ~31 us (63 GFLOP/s), its weight gradient ``err^T h``
 ~25 us (80), the backprop ``err W1`` ~25 us (80), the input-side products ~7 us each, relu / its
 backward / the one update pass ~1 / 3 / 4 us, and ~1 us of dispatch per tensor operation (~11 us
-an epoch at a tiny width); a large square sgemm reaches ~100 GFLOP/s. The products are ~90% of an
-epoch: what is left is there. Done (round 25, -17% an epoch, the same bits): the weights on
+an epoch at a tiny width); a large square sgemm reaches ~100 GFLOP/s. MKL takes its generic path
+on this CPU (``MKL_VERBOSE=1``: "Intel(R) Architecture processors", not its AVX-512 one). The
+products are ~87% of an epoch (torch.profiler): what is left is there. Done (round 25, -17% an epoch, the same bits): the weights on
 working copies for a chunk of epochs (``zoo.gdln_fast.TwoLayerEpoch.updating``), the (700 x 11)
 input weights laid out (11 x 700) as their gradient's product leaves it (their update had read that
 product across, ~6 us), one update pass for both weights, every transposed view made once (~1 us
 each an epoch); Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup
 (~2% here). Tried and left: every other orientation of the three products (transposed results,
 contiguous copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's
-matmul (38-44 us each), numpy's OpenBLAS for a product (within +-20% of MKL product by product,
-other bits), ``addmm`` of the updates into their gradient products (~5% faster, but another
+matmul (38-44 us each), numpy's OpenBLAS (its Haswell kernels: the five products ~10% faster
+summed over their best layouts, but other bits everywhere and a thread pool of its own to scope), ``addmm`` of the updates into their gradient products (~5% faster, but another
 rounding: MKL adds W into its accumulation, no elementwise update reproduces it, so the run would
 depend on whether a hook sees every step; a ReLU net's weights end ~5% apart after 8,000 epochs,
 its losses ~1% apart), a boolean mask for relu's backward (``masked_fill_`` / ``where``: ~25 us
