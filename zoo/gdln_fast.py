@@ -37,7 +37,9 @@ its accumulation) and a ReLU net's training amplifies that (bench/bench_gdln.py'
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -230,21 +232,23 @@ class TwoLayerEpoch:
             g0 = torch.mul(g0, mask, out=self.g0m)
         return err, [g0, g1]
 
-    def updating(self, rates: list[float]) -> tuple[Callable[[Tensor, Tensor], object], list[Tensor]]:
-        """One epoch as ``gradients`` computes it followed by its own update ``W <- W - rate g``
+    def updating(self, rates: list[float], outs: list[Tensor]) -> tuple[Callable[[int], None], list[Tensor]]:
+        """Epochs as ``gradients`` computes them, each followed by its own update ``W <- W - rate g``
         (``rates``: W0's and W1's), for ``run_together`` where its step is exactly that update
-        (``PlainUpdate``): the same operations on the same values, so the same bits. Returns the
-        epoch, called as ``epoch(out, out^T)`` (the output errors' buffer and its transposed view),
-        and the gradients as the weights are shaped (the tensors every epoch writes).
+        (``PlainUpdate``): the same operations on the same values, so the same bits. ``outs``: the
+        output errors' buffers of a block of epochs. Returns ``run(m)``, which trains m epochs
+        writing ``outs[:m]``, and the gradients as the weights are shaped (the tensors every epoch
+        writes).
 
         For the chunk, the weights live on working copies, W0 laid out as its gradient's product
         leaves it ((n_in, H) where ``flip0``, as ``gradients`` reads it too), in one buffer, and
         both gradients in another: the update reads the gradients as they lie, in one pass where
         the rates agree and W1's gradient is not transposed (the [H] App. H ReLU net's (700 x 11)
         input weights were updated from an (11 x 700) product read across, ~5% of an epoch), and
-        every transposed view is made once, not each epoch (~1 us each). ``settle`` writes the
-        copies back into the weights."""
-        matmul, gates, mask, scale, x, y = self.matmul, self.gates, self.mask, self.scale, self.x, self.y
+        every transposed view is made once, not each epoch (~1 us each). A block of epochs is one
+        call of ``own_epochs`` (TorchScript where it compiles). ``settle`` writes the copies back
+        into the weights."""
+        gates, mask, x, y = self.gates, self.mask, self.x, self.y
         W0, W1 = self.Ws
         N, H = x.shape[-2], W0.shape[-2]
         flip0, flip1 = self.flip0, self.flip1
@@ -260,47 +264,96 @@ class TwoLayerEpoch:
         # every operand and result as the products of ``gradients`` see them, views made once
         mask_c = (self.maskT if flip0 else mask) if mask is not None else None
         W0m = W0.new_empty(shapes[0]) if mask is not None else W0c
-        W0_in = W0m if flip0 else W0m.transpose(-1, -2)
-        W1T = W1c.transpose(-1, -2)
         pre, delta = x.new_empty((*self.batch, N, H)), x.new_empty((*self.batch, N, H))
         g1 = x.new_empty((*self.batch, H, y.shape[-1])) if flip1 else g1c
         g0 = x.new_empty(shapes[0]) if mask is not None else g0c
-        hT, deltaT, xT = pre.transpose(-1, -2), delta.transpose(-1, -2), self.xT
-        lr0, lr1 = rates
-        one_pass = lr0 == lr1 and not flip1
         g1_update = g1.transpose(-1, -2) if flip1 else g1c  # W1's gradient as W1 lies
+        lr0, lr1 = rates
+        # the operands of each product in the order own_epochs reads them
+        products = [x, W0m if flip0 else W0m.transpose(-1, -2), W1c.transpose(-1, -2), W1c,
+                    self.xT if flip0 else delta.transpose(-1, -2), delta if flip0 else x]
+        g1_operands = [[pre.transpose(-1, -2), out] if flip1 else [out.transpose(-1, -2), pre] for out in outs]
+        epochs = own_epochs()
+        mm = self.matmul is torch.mm
 
-        def epoch(out: Tensor, outT: Tensor) -> None:
-            if mask_c is not None:
-                torch.mul(W0c, mask_c, out=W0m)
-            h = matmul(x, W0_in, out=pre)
-            h = h.relu_() if gates is None else h.mul_(gates)
-            err = matmul(h, W1T, out=out).sub_(y)
-            matmul(hT, err, out=g1) if flip1 else matmul(outT, h, out=g1)
-            if scale != 1.0:
-                g1.mul_(scale)
-            matmul(err, W1c, out=delta)
-            if gates is None:
-                _threshold_backward(delta, h, 0.0, grad_input=delta)
-            else:
-                delta.mul_(gates)
-            matmul(xT, delta, out=g0) if flip0 else matmul(deltaT, x, out=g0)
-            if scale != 1.0:
-                g0.mul_(scale)
-            if mask_c is not None:
-                torch.mul(g0, mask_c, out=g0c)
-            if one_pass:
-                W_all.sub_(g_all, alpha=lr0)
-            else:
-                W0c.sub_(g0c, alpha=lr0)
-                W1c.sub_(g1_update, alpha=lr1)
-        return epoch, [g0c.transpose(-1, -2) if flip0 else g0c, g1_update]
+        def run(m: int) -> None:
+            epochs(outs[:m], g1_operands[:m], y, products, W0c, W0m, W1c, W_all, g_all, g0, g0c, g1, g1_update, pre, delta,
+                   gates, mask_c, self.scale, lr0, lr1, lr0 == lr1 and not flip1, mm)
+        return run, [g0c.transpose(-1, -2) if flip0 else g0c, g1_update]
 
     def settle(self) -> None:
         """The weights from the working copies ``updating`` trained, where it made them."""
         for W, c, flip in self.copies:
             W.copy_(c.transpose(-1, -2) if flip else c)
         self.copies = []
+
+
+def _own_epochs(outs: list[Tensor], g1_operands: list[list[Tensor]], y: Tensor, products: list[Tensor], W0c: Tensor,
+                W0m: Tensor, W1c: Tensor, W_all: Tensor, g_all: Tensor, g0: Tensor, g0c: Tensor, g1: Tensor,
+                g1_update: Tensor, pre: Tensor, delta: Tensor, gates: Optional[Tensor], mask: Optional[Tensor],
+                scale: float, lr0: float, lr1: float, one_pass: bool, mm: bool) -> None:
+    """``len(outs)`` epochs of ``TwoLayerEpoch.updating``: the operations of ``TwoLayerEpoch.gradients``
+    in its order on the working copies, then the update. ``products``: the operands (x, W0 as the
+    forward reads it, W1^T, W1, and the two of W0's gradient product); ``g1_operands``: W1's
+    gradient product's per epoch; ``mm``: plain matrices (``torch.mm``, else ``torch.matmul``)."""
+    x, W0_in, W1T, W1, a0, b0 = products
+    for i in range(len(outs)):
+        out = outs[i]
+        if mask is not None:
+            torch.mul(W0c, mask, out=W0m)
+        h = torch.mm(x, W0_in, out=pre) if mm else torch.matmul(x, W0_in, out=pre)
+        if gates is None:
+            h.relu_()
+        else:
+            h.mul_(gates)
+        err = torch.mm(h, W1T, out=out) if mm else torch.matmul(h, W1T, out=out)
+        err.sub_(y)
+        a1, b1 = g1_operands[i]
+        if mm:
+            torch.mm(a1, b1, out=g1)
+        else:
+            torch.matmul(a1, b1, out=g1)
+        if scale != 1.0:
+            g1.mul_(scale)
+        if mm:
+            torch.mm(err, W1, out=delta)
+        else:
+            torch.matmul(err, W1, out=delta)
+        if gates is None:
+            torch.ops.aten.threshold_backward(delta, h, 0.0, grad_input=delta)
+        else:
+            delta.mul_(gates)
+        if mm:
+            torch.mm(a0, b0, out=g0)
+        else:
+            torch.matmul(a0, b0, out=g0)
+        if scale != 1.0:
+            g0.mul_(scale)
+        if mask is not None:
+            torch.mul(g0, mask, out=g0c)
+        if one_pass:
+            W_all.sub_(g_all, alpha=lr0)
+        else:
+            W0c.sub_(g0c, alpha=lr0)
+            W1c.sub_(g1_update, alpha=lr1)
+
+
+_OWN_EPOCHS: list[Callable] = []
+
+
+def own_epochs() -> Callable:
+    """``_own_epochs`` compiled by TorchScript (once per process, ~0.1 s): the same ATen kernels
+    in the same order, so the same bits, without ~1 us of Python dispatch per tensor operation
+    (~10% of an epoch of the [H] App. H ReLU net, 8,000 epochs ~0.9 s). The Python function itself
+    where TorchScript is missing or fails (it is deprecated in torch 2.x)."""
+    if not _OWN_EPOCHS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
+                _OWN_EPOCHS.append(torch.jit.script(_own_epochs))
+        except Exception:  # noqa: BLE001 -- any failure: the same epochs in Python
+            _OWN_EPOCHS.append(_own_epochs)
+    return _OWN_EPOCHS[0]
 
 
 def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int, step: Callable[[], object]) -> list[Tensor]:
@@ -311,39 +364,36 @@ def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int
     not matter). Each network's losses, (n, *batch), computed a block of epochs at a time from
     the kept output errors."""
     block = min(n, TwoLayerEpoch.BLOCK)
-    # the output errors of a block of epochs, one view per epoch (and its transpose) made once
+    # the output errors of a block of epochs, one view per epoch made once
     errs = [e.x.new_empty((block, *e.batch, e.x.shape[-2], e.y.shape[-1])) for e in epochs]
-    views = [[(v, v.transpose(-1, -2)) for v in err_block.unbind(0)] for err_block in errs]
+    views = [err_block.unbind(0) for err_block in errs]
     losses = [e.x.new_empty((n, *e.batch)) for e in epochs]
     rates = [step.rates(ps) for ps in params] if isinstance(step, PlainUpdate) else [None]
     own = all(r is not None for r in rates)
     try:
+        runs = []
         if own:
-            work = []
             for e, r, ps, vs in zip(epochs, rates, params, views):
-                fn, grads = e.updating(r)
+                run, grads = e.updating(r, vs)
                 for W, g in zip(ps, grads):  # the last epoch's gradients once the loop ends
                     W.grad = g.view(W.shape)
-                work.append((fn, vs))
-        else:
-            work = [(e.gradients, vs) for e, vs in zip(epochs, views)]
-        unset = not own
+                runs.append(run)
+        work = [(e.gradients, vs) for e, vs in zip(epochs, views)]
+        unset = True
         for start in range(0, n, block):
             m = min(block, n - start)
-            for i in range(m):
-                if own:
-                    for fn, vs in work:
-                        fn(*vs[i])
-                elif unset:  # the gradient tensors are the same every epoch
-                    for (fn, vs), ps in zip(work, params):
-                        for W, g in zip(ps, fn(vs[i][0])[1]):
+            for run in runs:  # a block of epochs a call; in lockstep the networks are independent
+                run(m)
+            for i in range(0 if own else m):
+                if unset:  # the gradient tensors are the same every epoch
+                    for (gradients, vs), ps in zip(work, params):
+                        for W, g in zip(ps, gradients(vs[i])[1]):
                             W.grad = g.view(W.shape)
                     unset = False
-                    step()
                 else:
-                    for fn, vs in work:
-                        fn(vs[i][0])
-                    step()
+                    for gradients, vs in work:
+                        gradients(vs[i])
+                step()
             # the block's losses: the same pow, sum and scale per epoch as TwoLayerEpoch.__call__'s
             for e, err_block, L in zip(epochs, errs, losses):
                 torch.sum(err_block[:m].pow_(2), (-1, -2), out=L[start:start + m])
