@@ -274,12 +274,11 @@ class TwoLayerEpoch:
                     self.xT if flip0 else delta.transpose(-1, -2), delta if flip0 else x]
         g1_operands = [[pre.transpose(-1, -2), out] if flip1 else [out.transpose(-1, -2), pre] for out in outs]
         epochs = own_epochs()
-        mm = self.matmul is torch.mm
 
         def run(m: int) -> None:
             with torch.jit.optimized_execution(False):  # TorchScript's interpreter only: no graph passes, no fusion
                 epochs(outs[:m], g1_operands[:m], y, products, W0c, W0m, W1c, W_all, g_all, g0, g0c, g1, g1_update, pre,
-                       delta, gates, mask_c, self.scale, lr0, lr1, lr0 == lr1 and not flip1, mm)
+                       delta, gates, mask_c, self.scale, lr0, lr1, lr0 == lr1 and not flip1)
         return run, [g0c.transpose(-1, -2) if flip0 else g0c, g1_update]
 
     def settle(self) -> None:
@@ -292,42 +291,33 @@ class TwoLayerEpoch:
 def _own_epochs(outs: list[Tensor], g1_operands: list[list[Tensor]], y: Tensor, products: list[Tensor], W0c: Tensor,
                 W0m: Tensor, W1c: Tensor, W_all: Tensor, g_all: Tensor, g0: Tensor, g0c: Tensor, g1: Tensor,
                 g1_update: Tensor, pre: Tensor, delta: Tensor, gates: Optional[Tensor], mask: Optional[Tensor],
-                scale: float, lr0: float, lr1: float, one_pass: bool, mm: bool) -> None:
+                scale: float, lr0: float, lr1: float, one_pass: bool) -> None:
     """``len(outs)`` epochs of ``TwoLayerEpoch.updating``: the operations of ``TwoLayerEpoch.gradients``
     in its order on the working copies, then the update. ``products``: the operands (x, W0 as the
     forward reads it, W1^T, W1, and the two of W0's gradient product); ``g1_operands``: W1's
-    gradient product's per epoch; ``mm``: plain matrices (``torch.mm``, else ``torch.matmul``)."""
+    gradient product's per epoch. ``torch.matmul`` throughout: on plain matrices it is ``torch.mm``'s
+    kernel, as ``gradients`` calls it."""
     x, W0_in, W1T, W1, a0, b0 = products
     for i in range(len(outs)):
         out = outs[i]
         if mask is not None:
             torch.mul(W0c, mask, out=W0m)
-        h = torch.mm(x, W0_in, out=pre) if mm else torch.matmul(x, W0_in, out=pre)
+        h = torch.matmul(x, W0_in, out=pre)
         if gates is None:
             h.relu_()
         else:
             h.mul_(gates)
-        err = torch.mm(h, W1T, out=out) if mm else torch.matmul(h, W1T, out=out)
-        err.sub_(y)
+        err = torch.matmul(h, W1T, out=out).sub_(y)
         a1, b1 = g1_operands[i]
-        if mm:
-            torch.mm(a1, b1, out=g1)
-        else:
-            torch.matmul(a1, b1, out=g1)
+        torch.matmul(a1, b1, out=g1)
         if scale != 1.0:
             g1.mul_(scale)
-        if mm:
-            torch.mm(err, W1, out=delta)
-        else:
-            torch.matmul(err, W1, out=delta)
+        torch.matmul(err, W1, out=delta)
         if gates is None:
             torch.ops.aten.threshold_backward(delta, h, 0.0, grad_input=delta)
         else:
             delta.mul_(gates)
-        if mm:
-            torch.mm(a0, b0, out=g0)
-        else:
-            torch.matmul(a0, b0, out=g0)
+        torch.matmul(a0, b0, out=g0)
         if scale != 1.0:
             g0.mul_(scale)
         if mask is not None:
