@@ -21,24 +21,31 @@ All sides must end on the same weights and losses to the bit (checked and printe
 Where an epoch of the ReLU net goes (CPU time at one thread, AMD EPYC (Zen 4) with MKL 2024.2,
 2026-11-26, load ~2): the output ``h W1^T`` ~31 us (63 GFLOP/s), its weight gradient ``err^T h``
 ~25 us (80), the backprop ``err W1`` ~25 us (80), the input-side products ~7 us each, relu / its
-backward / the one update pass ~1 / 3 / 4 us, and ~1 us of dispatch per tensor operation (~11 us
-an epoch at a tiny width); a large square sgemm reaches ~100 GFLOP/s. MKL takes its generic path
-on this CPU (``MKL_VERBOSE=1``: "Intel(R) Architecture processors", not its AVX-512 one). The
-products are ~87% of an epoch (torch.profiler): what is left is there. Done (round 25, -17% an epoch, the same bits): the weights on
-working copies for a chunk of epochs (``zoo.gdln_fast.TwoLayerEpoch.updating``), the (700 x 11)
-input weights laid out (11 x 700) as their gradient's product leaves it (their update had read that
-product across, ~6 us), one update pass for both weights, every transposed view made once (~1 us
-each an epoch); Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup
-(~2% here). Tried and left: every other orientation of the three products (transposed results,
-contiguous copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's
-matmul (38-44 us each), numpy's OpenBLAS (its Haswell kernels: the five products ~10% faster
-summed over their best layouts, but other bits everywhere and a thread pool of its own to scope), ``addmm`` of the updates into their gradient products (~5% faster, but another
-rounding: MKL adds W into its accumulation, no elementwise update reproduces it, so the run would
-depend on whether a hook sees every step; a ReLU net's weights end ~5% apart after 8,000 epochs,
-its losses ~1% apart), a boolean mask for relu's backward (``masked_fill_`` / ``where``: ~25 us
-against ~3 us), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM template needs
-a constant second operand, frozen weights, so the products stay MKL's; one epoch a compiled call
-~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26).
+backward / the one update pass ~1 / 3 / 4 us, and the dispatch of ~10 tensor operations (~7 us an
+epoch at a tiny width); a large square sgemm reaches ~100 GFLOP/s. MKL takes its generic path on
+this CPU (``MKL_VERBOSE=1``: "Intel(R) Architecture processors", not its AVX-512 one). The products
+are ~87% of an epoch (torch.profiler): what is left is there.
+
+Done in round 25 (``run_epochs`` 1.03 -> 0.87 CPU s for the ReLU net, 0.66 -> 0.53 for the ReLN,
+the same bits): the weights on working copies for a chunk of epochs
+(``zoo.gdln_fast.TwoLayerEpoch.updating``), the (700 x 11) input weights laid out (11 x 700) as
+their gradient's product leaves it (their update had read that product across, ~6 us), one update
+pass for both weights, every transposed view made once (~1 us each an epoch), a block of 32
+epochs one call of a TorchScript function run by its interpreter without graph passes (the same
+kernels; ~0.5 us of dispatch an operation instead of Python's ~1). The plain loop below has all
+of it. Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup (~2%).
+
+Tried and left: every other orientation of the three products (transposed results, contiguous
+copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's matmul
+(38-44 us each), numpy's OpenBLAS (its Haswell kernels: the five products ~10% faster summed over
+their best layouts, but other bits everywhere and a thread pool of its own to scope), ``addmm`` of
+the updates into their gradient products (~5% faster, but another rounding: MKL adds W into its
+accumulation, no elementwise update reproduces it, so the run would depend on whether a hook sees
+every step; a ReLU net's weights end ~5% apart after 8,000 epochs, its losses ~1% apart), a
+boolean mask for relu's backward (``masked_fill_`` / ``where``: ~25 us against ~3 us), blocks of
+8-64 epochs (no difference), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM
+template needs a constant second operand, frozen weights, so the products stay MKL's; one epoch a
+compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26).
 
 Goals ([#21] item 4): the zoo at >= 0.9x the plain loop, and at or below the authors' compiled-JAX
 wall times stated in the issue (ReLU net about 1 s, ReLN about 3 s: fixed figures from another

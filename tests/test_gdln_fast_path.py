@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
 from zoo.gdln import GDLN, Comparison, ReLUNet
+from zoo import gdln_fast
 from zoo.gdln_fast import GradientDescent, PlainUpdate, TwoLayerEpoch
 from zoo.init import Gaussian
 from zoo.steps import direct_updates_allowed
@@ -94,6 +95,20 @@ def test_own_update_is_the_steps_bits_on_dense_inputs(E):
     stepped_rates = PlainUpdate([(W, lr) for W, (_, lr) in zip(stepped.W, rates)])
     La, Lb = own.run_epochs(X, Y, 9, own_rates), stepped.run_epochs(X, Y, 9, lambda: stepped_rates())
     assert torch.equal(La, Lb) and all(torch.equal(a, b) for a, b in zip(own.W, stepped.W))
+
+
+@pytest.mark.parametrize("kind", ["relu_E3", "reln_mean_E2", "xor"])
+def test_own_epochs_compiled_or_not_are_the_same_bits(kind, monkeypatch):
+    """The block of epochs TorchScript runs (``own_epochs``) and the same function in Python (what
+    runs where TorchScript does not compile) train to the same bits, with gates, input masks, the
+    mean's scale and members."""
+    compiled, dm = _net(kind)
+    plain, _ = _net(kind)
+    L = compiled.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5)
+    monkeypatch.setattr(gdln_fast, "_OWN_EPOCHS", [gdln_fast._own_epochs])
+    assert gdln_fast.own_epochs() is gdln_fast._own_epochs
+    assert torch.equal(L, plain.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5))
+    assert all(torch.equal(a, b) for a, b in zip(compiled.W, plain.W))
 
 
 def test_overridden_steps_and_two_layers_take_the_generic_path():

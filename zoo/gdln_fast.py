@@ -20,17 +20,20 @@ computes their losses 32 epochs at a time from the kept output errors. Where the
 the plain update (``PlainUpdate``: what ``GradientDescent`` applies when Lightning lets it, and
 ``run_epochs``' default), each epoch applies it itself (``TwoLayerEpoch.updating``) on working
 copies of the weights, W0 laid out as its gradient's product leaves it, both in one buffer and
-both gradients in another: one update pass, no strided read, every transposed view made once.
+both gradients in another: one update pass, no strided read, every transposed view made once; a
+block of epochs is one call of a TorchScript function (``own_epochs``: the same kernels, so the same
+bits, at about half Python's dispatch cost per operation).
 
 Where the time goes (the [H] App. H ReLU net, 24 points x 700 units x 60 outputs, one thread, AMD
 EPYC with MKL, 2026-11-26): three ~1M multiply-add products an epoch (output, its weight gradient,
 backpropagation to the hidden layer) take ~25-31 us each, 60-80 GFLOP/s against ~95 GFLOP/s of a
 large square sgemm; with the two input-side products (~7 us each) they are ~95 us of an epoch of
-~105 us. The rest is relu and its backward (~1 and ~3 us), the update pass (~4 us) and ~1 us of
-dispatch per tensor operation (~11 us an epoch at a tiny width). Before the working copies the
-update of the (700 x 11) input weights from the transposed (11 x 700) product took ~6 us (a
-strided read), a separate pass for each weight and a transposed view made each epoch another
-~3 us: the epoch was ~17% slower. The other orientations of each product and oneDNN's matmul are
+~100 us (torch.profiler: ``aten::mm`` 87% of the time). The rest is relu and its backward (~1 and
+~3 us), the update pass (~4 us) and the dispatch of ~10 tensor operations (~7 us an epoch at a
+tiny width from TorchScript, ~11 us from Python). Before round 25 the update of the (700 x 11)
+input weights from the transposed (11 x 700) product took ~6 us (a strided read), a separate pass
+for each weight, a transposed view made each epoch and Python's dispatch another ~8 us: 8,000
+epochs of ``run_epochs`` took ~1.03 s, now ~0.87 s (CPU s, load ~2). The other orientations of each product and oneDNN's matmul are
 slower; an update fused into its product (``addmm`` into W) rounds differently (MKL adds W into
 its accumulation) and a ReLU net's training amplifies that (bench/bench_gdln.py's notes).
 """
