@@ -13,7 +13,8 @@ lr 1e-3, init std 0.005/700 ([H] App. H). The zoo side is ``Trainer.fit`` (``epo
 The baseline is the strongest hand-written loop of the same arithmetic: the hand-written gradients
 of the same operations in the same order, into tensors allocated once, the input weights held
 transposed beside the output weights in one buffer and both gradients in another (one update
-``W.sub_(grad, alpha=lr)`` a pass), the losses a block of 32 epochs at a time, no Lightning. A
+pass ``W.sub_(grad, alpha=lr)``), a block of 32 epochs one call of a TorchScript function, the
+losses a block at a time, no Lightning. A
 third side, the zoo's Trainer-free ``run_epochs``, separates the cost of the zoo's own code from
 Lightning's (its per-step work and the counting of the epochs' optimizer steps, ``zoo.steps``).
 All sides must end on the same weights and losses to the bit (checked and printed).
