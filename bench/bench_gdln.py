@@ -11,25 +11,42 @@ The networks: a ReLU net with 700 hidden units and its ReLN (4 pathways x 100 un
 lr 1e-3, init std 0.005/700 ([H] App. H). The zoo side is ``Trainer.fit`` (``epochs_per_step``
 1000, no logger, no checkpoint; one optimizer step per epoch, so ``global_step`` counts epochs).
 The baseline is the strongest hand-written loop of the same arithmetic: the hand-written gradients
-of the same operations in the same order, into tensors allocated once, the losses a block of 32
-epochs at a time, ``W.sub_(grad, alpha=lr)``, no Lightning. A third side, the zoo's Trainer-free
-``run_epochs``, separates the cost of the zoo's own code from Lightning's (its per-step work and
-the counting of the epochs' optimizer steps, ``zoo.steps``). All sides must end on the same
-weights and losses to the bit (checked and printed).
+of the same operations in the same order, into tensors allocated once, the input weights held
+transposed beside the output weights in one buffer and both gradients in another (one update
+pass ``W.sub_(grad, alpha=lr)``), a block of 32 epochs one call of a TorchScript function, the
+losses a block at a time, no Lightning. A
+third side, the zoo's Trainer-free ``run_epochs``, separates the cost of the zoo's own code from
+Lightning's (its per-step work and the counting of the epochs' optimizer steps, ``zoo.steps``).
+All sides must end on the same weights and losses to the bit (checked and printed).
 
 Where an epoch of the ReLU net goes (CPU time at one thread, AMD EPYC (Zen 4) with MKL 2024.2,
-2026-11-26, load ~4): the output ``h W1^T`` 32 us (63 GFLOP/s), its weight gradient ``err^T h``
-27 us (74), the backprop ``err W1`` 26 us (77), the input-side products 8 us each, the update of
-the (700 x 11) weights from the transposed gradient 6 us, relu / its backward / the W1 update
-1-4 us each; a large square sgemm reaches ~100 GFLOP/s. Tried and left: every other orientation of
-the three products (transposed results, contiguous copies of the transposed weights: each 1-3 us
-slower once the copy is paid), oneDNN's matmul (38-44 us each), W0 stored transposed (a
-contiguous update, 2% on the ReLU net, slower on the ReLN), ``addmm`` of the W1 update into its
-gradient product (5% faster, but another rounding: a ReLU net's weights end 40% apart after 8,000
-epochs, its losses 3e-4 apart), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM
+2026-11-26, load ~2): the output ``h W1^T`` ~31 us (63 GFLOP/s), its weight gradient ``err^T h``
+~25 us (80), the backprop ``err W1`` ~25 us (80), the input-side products ~7 us each, relu / its
+backward / the one update pass ~1 / 3 / 4 us, and the dispatch of ~10 tensor operations (~7 us an
+epoch at a tiny width); a large square sgemm reaches ~100 GFLOP/s. MKL takes its generic path on
+this CPU (``MKL_VERBOSE=1``: "Intel(R) Architecture processors", not its AVX-512 one). The products
+are ~87% of an epoch (torch.profiler): what is left is there.
+
+Done in round 25 (``run_epochs`` 1.03 -> 0.87 CPU s for the ReLU net, 0.66 -> 0.53 for the ReLN,
+the same bits): the weights on working copies for a chunk of epochs
+(``zoo.gdln_fast.TwoLayerEpoch.updating``), the (700 x 11) input weights laid out (11 x 700) as
+their gradient's product leaves it (their update had read that product across, ~6 us), one update
+pass for both weights, every transposed view made once (~1 us each an epoch), a block of 32
+epochs one call of a TorchScript function run by its interpreter without graph passes (the same
+kernels; ~0.5 us of dispatch an operation instead of Python's ~1). The plain loop below has all
+of it. Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup (~2%).
+
+Tried and left: every other orientation of the three products (transposed results, contiguous
+copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's matmul
+(38-44 us each), numpy's OpenBLAS (its Haswell kernels: the five products ~10% faster summed over
+their best layouts, but other bits everywhere and a thread pool of its own to scope), ``addmm`` of
+the updates into their gradient products (~5% faster, but another rounding: MKL adds W into its
+accumulation, no elementwise update reproduces it, so the run would depend on whether a hook sees
+every step; a ReLU net's weights end ~5% apart after 8,000 epochs, its losses ~1% apart), a
+boolean mask for relu's backward (``masked_fill_`` / ``where``: ~25 us against ~3 us), blocks of
+8-64 epochs (no difference), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM
 template needs a constant second operand, frozen weights, so the products stay MKL's; one epoch a
-compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26). The 1 s goal for the ReLU net needs ~20% less arithmetic time than
-these products reach here.
+compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26).
 
 Goals ([#21] item 4): the zoo at >= 0.9x the plain loop, and at or below the authors' compiled-JAX
 wall times stated in the issue (ReLU net about 1 s, ReLN about 3 s: fixed figures from another
@@ -48,6 +65,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from typing import Optional
 
 import lightning.pytorch as pl
 import torch
@@ -108,47 +126,76 @@ def zoo_run_epochs(kind: str, dm: Contexts, threads: int) -> tuple[float, list[t
     return CLOCK() - t, [w.detach() for w in net.W] + [losses[:, 0]]
 
 
+def _plain_block(errs: list[torch.Tensor], errTs: list[torch.Tensor], X: torch.Tensor, XT: torch.Tensor, Y: torch.Tensor,
+                 W0T: torch.Tensor, W1: torch.Tensor, W1T: torch.Tensor, W_all: torch.Tensor, g_all: torch.Tensor,
+                 g0: torch.Tensor, g1: torch.Tensor, pre: torch.Tensor, delta: torch.Tensor, W0m: torch.Tensor,
+                 g0m: torch.Tensor, G: Optional[torch.Tensor], MT: Optional[torch.Tensor], lr: float) -> None:
+    """A block of epochs of the plain loop (TorchScript-compatible: ``plain_loop`` runs it compiled)."""
+    for i in range(len(errs)):
+        err = errs[i]
+        if G is None or MT is None:
+            torch.mm(X, W0T, out=pre).relu_()
+        else:
+            torch.mm(X, torch.mul(W0T, MT, out=W0m), out=pre).mul_(G)
+        torch.mm(pre, W1T, out=err).sub_(Y)
+        torch.mm(errTs[i], pre, out=g1)
+        torch.mm(err, W1, out=delta)
+        if G is None or MT is None:
+            torch.ops.aten.threshold_backward(delta, pre, 0.0, grad_input=delta)
+            torch.mm(XT, delta, out=g0)
+        else:
+            torch.mul(torch.mm(XT, delta.mul_(G), out=g0m), MT, out=g0)
+        W_all.sub_(g_all, alpha=lr)
+
+
 def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
     """8,000 epochs of the same update written out: relu (or the ReLN's fixed gates and input
     masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors made once,
-    the losses computed a block of 32 epochs at a time from the kept output errors."""
+    the input weights held transposed (n_in x H: as their gradient's product leaves it) beside the
+    output weights in one buffer, both gradients in another (one update pass), every transposed
+    view made once, a block of 32 epochs a call of a TorchScript function (its interpreter, no
+    graph optimisation: ~0.5 us of dispatch per operation instead of Python's ~1 us), the losses
+    computed a block at a time from the kept output errors."""
     net = make(kind, dm, 1)
     if kind == "ReLN":
         net.attach(dm)
     net.build(dm.X, dm.Y)  # the same initial weights as the zoo side
-    W0, W1 = (w.detach()[0].clone() for w in net.W)
+    W0, W1 = (w.detach()[0] for w in net.W)
     X, Y = dm.X, dm.Y
     XT = X.T.contiguous()
     G = net.unit_gates if kind == "ReLN" else None  # (N, H): pathway p's gate on point i, per unit
-    M = net.unit_inputs if kind == "ReLN" else None  # (H, n_in): the features each unit reads
-    N, H, B = X.shape[0], W0.shape[0], 32
-    pre, errs, sq = torch.empty(N, H), torch.empty(B, N, Y.shape[1]), torch.empty(B, N, Y.shape[1])
-    g1, delta, g0T = torch.empty_like(W1), torch.empty(N, H), torch.empty(W0.shape[1], H)
-    W0m, g0m = torch.empty_like(W0), torch.empty_like(W0)
-    mm, views, losses = torch.mm, errs.unbind(0), torch.empty(EPOCHS)
+    MT = net.unit_inputs.T.contiguous() if kind == "ReLN" else None  # (n_in, H): the features each unit reads
+    (H, n_in), n_out, N, B = W0.shape, Y.shape[1], X.shape[0], 32
+    W_all, g_all = torch.empty(n_in * H + n_out * H), torch.empty(n_in * H + n_out * H)
+    W0T, W1 = W_all[:n_in * H].view(n_in, H).copy_(W0.T), W_all[n_in * H:].view(n_out, H).copy_(W1)
+    g0, g1 = g_all[:n_in * H].view(n_in, H), g_all[n_in * H:].view(n_out, H)
+    W1T, pre, delta, W0m, g0m = W1.T, torch.empty(N, H), torch.empty(N, H), torch.empty(n_in, H), torch.empty(n_in, H)
+    errs, sq = torch.empty(B, N, n_out), torch.empty(B, N, n_out)
+    views, losses = list(errs.unbind(0)), torch.empty(EPOCHS)
+    viewsT = [e.T for e in views]
+    block = plain_block()
     t = CLOCK()
-    with torch.no_grad():
+    with torch.no_grad(), torch.jit.optimized_execution(False):
         for start in range(0, EPOCHS, B):
-            for err in views:
-                if G is None:
-                    mm(X, W0.T, out=pre).relu_()
-                else:
-                    mm(X, torch.mul(W0, M, out=W0m).T, out=pre).mul_(G)
-                mm(pre, W1.T, out=err).sub_(Y)
-                mm(err.T, pre, out=g1)
-                mm(err, W1, out=delta)
-                if G is None:
-                    torch.ops.aten.threshold_backward.grad_input(delta, pre, 0.0, grad_input=delta)
-                else:
-                    delta.mul_(G)
-                g0 = mm(XT, delta, out=g0T).T  # the (700 x 11) gradient as the transpose of (11 x 700)
-                if M is not None:
-                    g0 = torch.mul(g0, M, out=g0m)
-                W1.sub_(g1, alpha=LR)
-                W0.sub_(g0, alpha=LR)
+            block(views, viewsT, X, XT, Y, W0T, W1, W1T, W_all, g_all, g0, g1, pre, delta, W0m, g0m, G, MT, LR)
             torch.sum(torch.pow(errs, 2, out=sq), (-1, -2), out=losses[start:start + B]).mul_(0.5)
     elapsed = CLOCK() - t
-    return elapsed, [W0[None], W1[None], losses]
+    return elapsed, [W0T.T[None], W1[None], losses]
+
+
+def plain_block():
+    """``_plain_block`` compiled by TorchScript, once (the Python function where it does not compile)."""
+    if not _BLOCK:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _BLOCK.append(torch.jit.script(_plain_block))
+        except Exception:  # noqa: BLE001
+            _BLOCK.append(_plain_block)
+    return _BLOCK[0]
+
+
+_BLOCK: list = []
 
 
 def jax_side(kind: str, dm: Contexts, threads: int):

@@ -9,7 +9,8 @@ import lightning.pytorch as pl
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
 from zoo.gdln import GDLN, Comparison, ReLUNet
-from zoo.gdln_fast import GradientDescent, TwoLayerEpoch
+from zoo import gdln_fast
+from zoo.gdln_fast import GradientDescent, PlainUpdate, TwoLayerEpoch
 from zoo.init import Gaussian
 from zoo.steps import direct_updates_allowed
 
@@ -66,6 +67,48 @@ def test_fast_epochs_are_the_generic_bits(kind, n):
     for a, b in zip(fast.W, slow.W):
         assert torch.equal(a, b)
     assert not torch.equal(fast.W[0], fast.W0_init)  # it did train
+
+
+@pytest.mark.parametrize("E", [1, 2])
+def test_own_update_is_the_steps_bits_on_dense_inputs(E):
+    """Where run_together applies the plain update inside the epoch (its working copies, W0 laid
+    out (n_in, H)), the weights and losses are those of gradients-then-step and of the generic
+    path, bit for bit, on dense random inputs (not one-hot: every product rounds) with the hidden
+    layer wider than the input (W0's gradient a transposed product)."""
+    g = torch.Generator().manual_seed(3)
+    X, Y = torch.randn(13, 5, generator=g), torch.randn(13, 4, generator=g)
+    own, stepped, slow = (ReLUNet(hidden=[24], init=Gaussian(sigma=0.3), ensemble=E, lr=1e-3, seed=1) for _ in range(3))
+    for m in (own, stepped, slow):
+        m.build(X, Y)
+    _generic(slow)
+    update = stepped.sgd_step()
+    L = [own.run_epochs(X, Y, 40), stepped.run_epochs(X, Y, 40, lambda: update()), slow.run_epochs(X, Y, 40)]
+    for other, Lo in zip((stepped, slow), L[1:]):
+        assert torch.equal(L[0], Lo)
+        assert all(torch.equal(a, b) for a, b in zip(own.W, other.W))
+    # W.grad: the last epoch's gradients, as the step leaves them
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(own.W, stepped.W))
+    assert L[0][-1].sum() < 0.8 * L[0][0].sum()  # it did train
+    # a rate per layer (two update passes), and a step that is not the plain update (run as given)
+    rates = [(W, lr) for W, lr in zip(own.W, (2e-3, 5e-4))]
+    own_rates = PlainUpdate(rates)
+    stepped_rates = PlainUpdate([(W, lr) for W, (_, lr) in zip(stepped.W, rates)])
+    La, Lb = own.run_epochs(X, Y, 9, own_rates), stepped.run_epochs(X, Y, 9, lambda: stepped_rates())
+    assert torch.equal(La, Lb) and all(torch.equal(a, b) for a, b in zip(own.W, stepped.W))
+
+
+@pytest.mark.parametrize("kind", ["relu_E3", "reln_mean_E2", "xor"])
+def test_own_epochs_compiled_or_not_are_the_same_bits(kind, monkeypatch):
+    """The block of epochs TorchScript runs (``own_epochs``) and the same function in Python (what
+    runs where TorchScript does not compile) train to the same bits, with gates, input masks, the
+    mean's scale and members."""
+    compiled, dm = _net(kind)
+    plain, _ = _net(kind)
+    L = compiled.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5)
+    monkeypatch.setattr(gdln_fast, "_OWN_EPOCHS", [gdln_fast._own_epochs])
+    assert gdln_fast.own_epochs() is gdln_fast._own_epochs
+    assert torch.equal(L, plain.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5))
+    assert all(torch.equal(a, b) for a, b in zip(compiled.W, plain.W))
 
 
 def test_overridden_steps_and_two_layers_take_the_generic_path():

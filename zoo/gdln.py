@@ -20,7 +20,8 @@ optimizer itself (``GradientDescent.update_fn``, via :func:`epoch_update`) and c
 (``zoo.steps.Updates``; through ``LightningOptimizer.step`` where a hook needs every step), so ``global_step`` counts GD updates = epochs, and ``max_steps`` is
 the number of epochs. The gradients are written by
 hand (no autograd graph, no per-epoch host sync; a one-hidden-layer net computes them into tensors
-reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, the same bits) unless a subclass
+reused from epoch to epoch, ``zoo.gdln_fast.TwoLayerEpoch``, and applies the optimizer's plain update
+inside the epoch where nothing needs to see each step, the same bits) unless a subclass
 overrides ``member_loss`` (or, for a ``ReLUNet``, ``gates``), which then trains by autograd on its
 own loss. The loss of every epoch
 is returned in the step's outputs for the callbacks (``epoch_loss``: network name -> (E, epochs_per_step),
@@ -46,7 +47,7 @@ from torchmetrics import MeanSquaredError
 
 from zoo.distributed import MemberParallel
 from zoo.divergence import check_finite
-from zoo.gdln_fast import GradientDescent, TwoLayerEpoch, run_together
+from zoo.gdln_fast import GradientDescent, PlainUpdate, TwoLayerEpoch, run_together
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.labels import member_labels
@@ -376,20 +377,16 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         network computes what ``TwoLayerEpoch`` does (no subclass changed a step of ``_grads``); else None."""
         return None
 
-    def sgd_step(self) -> Callable[[], None]:
+    def sgd_step(self) -> PlainUpdate:
         """The plain GD update ``W -= lr W.grad`` (what ``run_epochs`` applies without a Trainer)."""
-        params, lr = list(self.W), self.lr
-
-        def step() -> None:  # under descend's no_grad
-            for W in params:
-                W.sub_(W.grad, alpha=lr)
-        return step
+        return PlainUpdate([(W, self.lr) for W in self.W])
 
     def threads(self, x: Tensor) -> int | None:
         return self.num_threads if x.device.type == "cpu" else None
 
     def run_epochs(self, x: Tensor, y: Tensor, n: int, step: Callable[[], object] | None = None) -> Tensor:
-        """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``);
+        """``n`` full-batch gradient steps in place, each applied by ``step()`` (default: ``sgd_step``;
+        a one-hidden-layer net applies a ``PlainUpdate`` inside its epochs instead, to the same bits);
         returns the loss before each step, (n, E)."""
         step = step or self.sgd_step()
         epoch = self._prepared_fast_epoch(*self._cast(x, y))
