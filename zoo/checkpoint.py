@@ -79,10 +79,10 @@ def _put_in_place(part: str, path: str) -> None:
     global _renameat2
     if _renameat2 is None:
         _renameat2 = _exchange_function() or False
-    if _renameat2 and os.path.exists(path):
-        if _renameat2(_AT_FDCWD, os.fsencode(part), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE) == 0:
-            os.remove(part)
-            return
+    # no existence check first: a failed exchange (no ``path``, or EINVAL) costs no more than a stat
+    if _renameat2 and _renameat2(_AT_FDCWD, os.fsencode(part), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE) == 0:
+        os.remove(part)
+        return
     os.replace(part, path)
 
 
@@ -100,10 +100,14 @@ class AtomicLocalCheckpointIO(TorchCheckpointIO):
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
         path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         part = f"{path}.part-{os.getpid()}"
         try:
-            with open(part, "wb") as f:
+            try:
+                f = open(part, "wb")
+            except FileNotFoundError:  # the folder is made at the first save only (~0.1 ms a save)
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                f = open(part, "wb")
+            with f:
                 f.write(buffer.getbuffer())
             _put_in_place(part, path)
         except BaseException:
