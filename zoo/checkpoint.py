@@ -180,8 +180,9 @@ class RunCheckpoint(ModelCheckpoint):
         at_budget = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
         if not (due or at_budget):
             return
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and not at_budget:
-            # the epoch ends with this batch: save the end-of-epoch state, which Lightning resumes cleanly
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            # the epoch ends with this batch (max_steps may end the run there too): save the
+            # end-of-epoch state, after the epoch's validation, which Lightning resumes cleanly
             self._epoch_due = True
             return
         self._save_last(trainer)
