@@ -23,11 +23,11 @@ It is a ``ModelCheckpoint`` so that Lightning adds no default one and resolves t
 
 Files are written by :class:`AtomicLocalCheckpointIO` while the callback is attached (unless the
 trainer was given a checkpoint plugin of its own): the bytes go to a file beside the target,
-which is then renamed onto it, so a run killed at any moment leaves the previous ``last.ckpt`` or
-the new one, whole. Lightning's default writes a temporary file in the system's temp folder and
-moves it (an fsspec transaction, ~0.2 ms a save more: 0.78 against 0.61 ms for the quickstart's
-11 kB); where that folder is on another file system, the move is a copy onto the target that a
-kill can leave half-written.
+which then takes the target's place in one step, so a run killed at any moment leaves the
+previous ``last.ckpt`` or the new one, whole. Lightning's default writes a temporary file in the
+system's temp folder and moves it (an fsspec transaction: 1.5 ms a save against 0.9 ms for the
+quickstart's 11.6 kB, ``torch.save`` included, on the shared 2-core machine); where that folder
+is on another file system, the move is a copy onto the target that a kill can leave half-written.
 """
 from __future__ import annotations
 
