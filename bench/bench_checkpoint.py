@@ -13,15 +13,16 @@ per ``--rounds``), each row gives the median times:
 * the quickstart's DeepLinearNet (1,000 steps of a tiny network in about 0.13 s), where
   Lightning's own per-save work weighs most. Goal 0.9x (a run this short may pay up to 10%). It
   saves 10 times: every 100 steps, each at an epoch's end, the last after the run's last
-  validation. A save of its 11.6 kB checkpoint costs ~1.1 ms inside the fit (medians on the
-  shared machine, load ~2.3): Lightning collecting the state (``dump_checkpoint``, ~0.3 ms, two
-  thirds of it the loops' progress counters turned into dicts), ``torch.save`` into memory
-  (~0.5 ms, 0.3 ms when repeated back to back: a Python call for each of the ~500 objects
-  pickled), writing the part file (~0.15 ms) and putting it in place (~0.05 ms, an exchange of
-  names: the rename onto the old file it replaces cost 0.2-5 ms, ext4 writing the new file out
-  first). With the callback's hooks and the fit's steps slowed after each save: ~14 ms, 0.86-0.89x
-  on the loaded machine (0.82-0.85x before the exchange and the one save less at the end); what
-  is left is Lightning's and torch's per-save work, which no public API shortens.
+  validation. A save of its 11.6 kB checkpoint costs ~1.8 ms inside this fit, twice what the same
+  save costs when saves follow each other (0.9 ms): 13 ms of training between two saves leave
+  their code cold. Of the 1.8 ms (the fit with each stage's work cut off, load ~1.4): Lightning
+  collecting the state (``dump_checkpoint``, 0.64 ms; two thirds of it the loops' progress
+  counters turned into dicts), ``torch.save`` into memory (0.8 ms: a Python call for each of the
+  ~500 objects pickled), writing the part file and putting it in place (0.37 ms; an exchange of
+  names: the rename onto the old file it replaced cost 0.2-5 ms more, ext4 writing the new file
+  out first); the callback's hooks add ~2 ms a run. Ten saves: ~18 ms, 0.86-0.94x on the loaded
+  machine (load 1.4-2.4), against 0.82-0.85x for 11 saves by rename in the same runs. What is
+  left is Lightning's and torch's per-save Python work, which no public API shortens.
 
 The GPU column gives the same ratio (no checkpoint / RunCheckpoint) with the fits on a CUDA device.
 """
