@@ -92,6 +92,24 @@ def test_a_validation_at_a_save_step_is_saved_with_it(tmp_path, one_thread):
     assert cb.saved == [(6, False), (6, True), (12, False), (12, True), (18, False), (18, True)]
 
 
+class _SavesAfter(_Saves):
+    """Records (step, validation batches run so far) of every save."""
+
+    def _save_last(self, trainer):
+        wrote = RunCheckpoint._save_last(self, trainer)
+        if wrote:
+            self.saved.append((trainer.global_step, trainer.fit_loop.epoch_loop.val_loop.batch_progress.total.completed))
+        return wrote
+
+
+def test_max_steps_at_an_epochs_end_saves_once_after_its_validation(tmp_path, one_thread):
+    # 7 batches of 3 steps: max_steps 21 ends the run with the first epoch, whose validation (one
+    # batch) runs after its last batch; the one save holds the state after it
+    cb = _SavesAfter(every_n_train_steps=1000)
+    _fit(tmp_path, cb, max_steps=21, num_sanity_val_steps=0)
+    assert cb.saved == [(21, 1)]
+
+
 @pytest.mark.parametrize("kw, match", [({"every": 0.0}, "every = 0.0"), ({"every": 1.5}, "every = 1.5"),
                                        ({"every_n_train_steps": 0}, "every_n_train_steps = 0")])
 def test_bad_settings_name_the_parameter(kw, match):
