@@ -18,12 +18,12 @@ per ``--rounds``), each row gives the median times:
   their code cold. Of the 1.8 ms (the fit with each stage's work cut off, load ~1.4): Lightning
   collecting the state (``dump_checkpoint``, 0.64 ms; two thirds of it the loops' progress
   counters turned into dicts), ``torch.save`` into memory (0.8 ms: a Python call for each of the
-  ~500 objects pickled), writing the part file and putting it in place (0.37 ms; an exchange of
-  names: the rename onto the old file it replaced cost 0.2-5 ms more, ext4 writing the new file
-  out first); the callback's hooks add ~2 ms a run. Ten saves: ~15-20 ms, 0.86-0.94x on the
-  loaded machine (load 1.1-2.4; this row 0.86-0.88x), against 0.78-0.85x for 11 saves by rename
-  in the same runs. What is left is Lightning's and torch's per-save Python work, which no
-  public API shortens.
+  ~500 objects pickled), writing the part file and renaming it onto the old one (0.4 ms, and
+  0.2-5 ms more under load: ext4 writes the new file out before such a rename returns, which is
+  what leaves the old file or the new one after a power cut; an exchange of the two names instead
+  saved that time but could leave an empty file, and was dropped); the callback's hooks add ~2 ms
+  a run. What is left is Lightning's and torch's per-save Python work, which no public API
+  shortens, and the rename.
 
 The GPU column gives the same ratio (no checkpoint / RunCheckpoint) with the fits on a CUDA device.
 """

@@ -9,7 +9,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from zoo import checkpoint
 from zoo.checkpoint import AtomicLocalCheckpointIO, RunCheckpoint
 
 
@@ -44,35 +43,6 @@ def test_a_failed_save_keeps_the_previous_file_whole(tmp_path):
     with pytest.raises(OSError):
         AtomicLocalCheckpointIO().save_checkpoint({"global_step": 3}, path)
     assert path.read_bytes() == before
-
-
-def test_the_exchange_swaps_the_two_files(tmp_path, monkeypatch):
-    # the C call behind a save onto an existing last.ckpt, bound by hand (ctypes): the names swap
-    exchange = checkpoint._exchange_function()
-    if exchange is None:
-        pytest.skip("no renameat2 here: saves use os.replace")
-    (tmp_path / "a").write_bytes(b"new")
-    (tmp_path / "b").write_bytes(b"old")
-    assert exchange(checkpoint._AT_FDCWD, os.fsencode(tmp_path / "a"), checkpoint._AT_FDCWD,
-                    os.fsencode(tmp_path / "b"), checkpoint._RENAME_EXCHANGE) == 0
-    assert (tmp_path / "a").read_bytes() == b"old" and (tmp_path / "b").read_bytes() == b"new"
-    # and a save onto an existing file takes it, renaming nothing (the first save, onto no file, renames)
-    renamed = []
-    monkeypatch.setattr(os, "replace", lambda *args: renamed.append(args) or os.rename(*args))
-    path = tmp_path / "last.ckpt"
-    for step in (1, 2, 3):
-        AtomicLocalCheckpointIO().save_checkpoint({"global_step": step}, path)
-    assert len(renamed) == 1 and torch.load(path, weights_only=False) == {"global_step": 3}
-    assert sorted(os.listdir(tmp_path)) == ["a", "b", "last.ckpt"]
-
-
-@pytest.mark.parametrize("exchange", [False, lambda *args: -1], ids=["no renameat2", "exchange refused"])
-def test_without_the_exchange_a_save_renames_onto_the_file(tmp_path, monkeypatch, exchange):
-    monkeypatch.setattr(checkpoint, "_renameat2", exchange)
-    path = tmp_path / "last.ckpt"
-    for step in (1, 2):
-        AtomicLocalCheckpointIO().save_checkpoint({"global_step": step}, path)
-    assert torch.load(path, weights_only=False) == {"global_step": 2} and os.listdir(tmp_path) == ["last.ckpt"]
 
 
 class _SeesIO(RunCheckpoint):
