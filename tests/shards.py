@@ -21,7 +21,7 @@ TESTS = Path(__file__).resolve().parent
 # seconds per file, whole suite, one process, idle 2-core machine (2026-11-25); only for balance
 SECONDS = {
     "test_recipes.py": 44.7, "test_resume_streams.py": 41.0, "test_gdln.py": 35.0, "test_resume_gdln.py": 34.6,
-    "test_errors.py": 27.6, "test_resume_vae.py": 26.1, "test_ddp_linear.py": 24.1, "test_resume_deep_linear.py": 16.3,
+    "test_errors.py": 27.6, "test_resume_vae.py": 26.1, "test_ddp_linear.py": 24.1, "test_resume_deep_linear.py": 36.0,
     "test_meanfield.py": 14.0, "test_ddp_vae.py": 9.9, "test_cli.py": 9.4, "test_teacher_student_callbacks.py": 7.4,
     "test_ddp_multihead.py": 5.4, "test_reln_imitation.py": 5.0, "test_linear_callbacks.py": 3.9,
     "test_ddp_gdln.py": 3.1, "test_student.py": 2.9, "test_entropy_phase.py": 2.6, "test_forgetting_callbacks.py": 2.3,
