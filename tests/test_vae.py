@@ -155,7 +155,7 @@ def test_a_variant_overrides_only_the_regulariser(tmp_path):
     trainer = short_trainer(tmp_path, 4)
     trainer.fit(vae, datamodule=TinySquares())  # builds from the datamodule's image_shape
     assert trainer.global_step == 4 and vae.image_shape == [1, 8, 8]
-    assert {"loss", "reconstruction", "kl", "active_latents", "kl/z0", "kl/z2"} <= set(trainer.logged_metrics)
+    assert {"loss", "reconstruction", "kl", "active_latents", "kl/z0", "kl/z2"} <= set(trainer.callback_metrics)
 
 
 class NoiselessCapacityVAE(AnnealedCapacityVAE):
@@ -255,7 +255,7 @@ def test_sweep_trains_each_member_as_it_would_train_alone(tmp_path):
         # and 5 Adam steps at lr 1e-2 moved the weights (the comparison is not vacuous)
         assert not torch.allclose(alone.encoder[0].weight, NoNoiseVAE(init_encoder=Gain(g=g), seed=seed,
                                                                      image_shape=[1, 8, 8], **args).encoder[0].weight)
-    assert {"reconstruction/g=0.5,seed=0", "kl/g=2,seed=1", "active_latents"} <= set(trainer.logged_metrics)
+    assert {"reconstruction/g=0.5,seed=0", "kl/g=2,seed=1", "active_latents"} <= set(trainer.callback_metrics)
 
 
 def test_sweep_rejects_bad_seeds_and_unknown_members():

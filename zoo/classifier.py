@@ -33,6 +33,7 @@ from zoo.ewc import EWC
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import EntropyMix, Gaussian, InitScheme
 from zoo.labels import MAX_MEMBER_TAGS
+from zoo.logs import log_batch_rows
 from zoo.multihead import MemberMean, MultiHeadModule, check_positive_ints
 from zoo.progress import attached_trainer
 
@@ -209,14 +210,16 @@ class MultiHeadClassifier(MultiHeadModule):
         everyone = self.across_ranks(losses.detach())  # every member's, the whole batch's: the same on every rank
         check_finite(everyone, step=self.global_step, labels=self.labels,
                      hint=f"lr = {self.lr} is probably too large; try lr / 10.")
+        scalars = {"loss": everyone.mean()}
         if self.ewc is not None and self.ewc.active:
             pen = self.ewc.member_penalty({"W": self.W})
             total = total + pen.sum()
-            self.log("ewc/penalty", self.across_ranks(pen.detach()).mean())
+            scalars["ewc/penalty"] = self.across_ranks(pen.detach()).mean()
         self.count_samples(batch["y"].shape[-1])
-        self.log("loss", everyone.mean(), prog_bar=True)
         if 1 < self.n_members() <= MAX_MEMBER_TAGS:
-            self.log_dict({f"loss/{lbl}": l for lbl, l in zip(self.labels, everyone)})
+            scalars |= {f"loss/{lbl}": l for lbl, l in zip(self.labels, everyone)}
+        # the zoo's rows at the step of the weights measured (zoo.logs.log_batch_rows: the same after a resume)
+        log_batch_rows(self, self.global_step, scalars, pending=1)
         return total
 
     def check_data_parallel(self, dm, world: int) -> None:

@@ -70,19 +70,34 @@ def log_batch_scalars(module: pl.LightningModule, step: int, losses: Mapping[str
     hold the last logged values. Why not every batch: ``self.log`` costs ~0.2-0.5 ms a key
     (Lightning moves its stored result to the value's device at every call), as much as a GD step of
     4,096 members, so a key is logged where something reads it."""
-    trainer = module.trainer
-    written = batch_written(trainer)
     means = {key: values.mean() for key, values in losses.items()}
-    if written or (prog_bar and trainer.progress_bar_callback is not None) or ends_epoch_or_fit(module):
-        for key, value in means.items():
-            module.log(key, value, prog_bar=prog_bar, logger=False)
-    if not written:
-        return
     per_member = ({f"loss/{lbl}": l for lbl, l in zip(module.labels, members)}
                   if members is not None and 1 < len(members) <= MAX_MEMBER_TAGS else {})
-    if per_member:
-        module.log_dict(per_member, logger=False)
-    log_scalars(trainer, {**means, **per_member}, step=step)
+    log_batch_rows(module, step, {**means, **per_member}, prog_bar=tuple(means) if prog_bar else ())
+
+
+def log_batch_rows(module: pl.LightningModule, step: int, values: Mapping[str, torch.Tensor],
+                   prog_bar: tuple[str, ...] = ("loss",), pending: int = 0) -> None:
+    """A training batch's scalars ``values`` (each a number), by :func:`log_batch_scalars`' rule: a
+    row in the loggers on every ``log_every_n_steps``-th batch of the fit (:func:`batch_written`),
+    written here at ``step``; ``module.log`` (``logger=False``) of the keys in ``prog_bar`` while a
+    progress bar shows them, of every key on the written batches and at the end of an epoch or of
+    the fit. For a module that logs per-batch values by ``self.log``, counted so that a resumed run
+    writes the rows of the run it continues: Lightning 2.6 counts one batch more after resuming from a
+    checkpoint saved at an epoch's end after that epoch's validation, under ``max_steps``, and its
+    rows move by one batch from there on (automatic optimisation or not). ``pending``: the updates
+    of this batch still to come (1 from a ``training_step`` under automatic optimisation)."""
+    trainer = module.trainer
+    written = batch_written(trainer)
+    if written or ends_epoch_or_fit(module, pending):
+        for key, value in values.items():
+            module.log(key, value, prog_bar=key in prog_bar, logger=False)
+    elif prog_bar and trainer.progress_bar_callback is not None:
+        for key in prog_bar:
+            if key in values:
+                module.log(key, values[key], prog_bar=True, logger=False)
+    if written:
+        log_scalars(trainer, values, step=step)
 
 
 def batch_written(trainer: pl.Trainer) -> bool:
@@ -95,11 +110,12 @@ def batch_written(trainer: pl.Trainer) -> bool:
     return (every > 0 and batches % every == 0) or trainer.should_stop or bool(trainer.fast_dev_run)
 
 
-def ends_epoch_or_fit(module: pl.LightningModule) -> bool:
+def ends_epoch_or_fit(module: pl.LightningModule, pending: int = 0) -> bool:
     """This training batch ends an epoch or the fit (``max_steps``; ``global_step`` counts its
-    updates already)."""
+    updates already, but for ``pending`` of them)."""
     trainer = module.trainer
-    return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or 0 <= trainer.max_steps <= module.global_step
+    return (trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+            or 0 <= trainer.max_steps <= module.global_step + pending)
 
 
 def overlay_charts(trainer: pl.Trainer, title: str, charts: dict[str, str]) -> None:

@@ -39,6 +39,7 @@ from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.metrics.sparsity import FiringCounts
 from zoo.evaluation import StagedEvaluation
+from zoo.logs import log_batch_rows
 from zoo.progress import Progress
 
 MEASURES = ("eq31", "l0", "dead_fraction", "dense_fraction", "mse", "explained_variance")
@@ -236,8 +237,10 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         alive = self.alive
         n_alive = alive.sum()
         # masked sums rather than boolean indexing: no host sync
-        self.log("loss", torch.where(alive, full[:, 0], 0.0).sum() / n_alive, prog_bar=True)
-        self.log("reconstruction", torch.where(alive, full[:, 1], 0.0).sum() / n_alive)
+        # the zoo's rows at the step of the weights measured (zoo.logs.log_batch_rows: the same after a resume)
+        log_batch_rows(self, self.global_step, {"loss": torch.where(alive, full[:, 0], 0.0).sum() / n_alive,
+                                                "reconstruction": torch.where(alive, full[:, 1], 0.0).sum() / n_alive},
+                       pending=1)
         # each member receives exactly its own gradient; a dropped one none
         local = alive[self.member_slice]
         return torch.where(local, parts["loss"], torch.zeros_like(parts["loss"])).sum()

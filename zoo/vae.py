@@ -70,6 +70,7 @@ from zoo.labels import MAX_MEMBER_TAGS, member_labels
 from zoo.member_modules import ModuleMembers
 from zoo.metrics.reconstruction import Reconstruction
 from zoo.evaluation import StagedEvaluation
+from zoo.logs import log_batch_rows
 from zoo.progress import Progress, attached_trainer
 from zoo.vae_stacked import SharedStacks, StackedAdam, stacked_layers, stacked_mlp
 
@@ -510,9 +511,11 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
                                             out["kl_per_latent"].detach().float()]))
         check_finite(stats[:1], step=self.global_step, labels=[type(self).__name__],
                      hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
-        self.log("loss", stats[0], prog_bar=True)
-        self.log_dict({"reconstruction": stats[1], "kl": stats[2], "active_latents": stats[3]})
-        self.log_dict({f"kl/z{i}": v for i, v in enumerate(stats[4:])})
+        # the zoo's rows, not Lightning's (zoo.logs.log_batch_rows: the same after a resume); the step
+        # of the weights the losses were measured on, before this batch's update
+        log_batch_rows(self, self.global_step, {"loss": stats[0], "reconstruction": stats[1], "kl": stats[2],
+                                                "active_latents": stats[3]}
+                       | {f"kl/z{i}": v for i, v in enumerate(stats[4:])}, pending=1)
         return out["loss"]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -747,11 +750,11 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         loss, recon, kl, active = stats.unbind(1)
         check_finite(loss, step=self.global_step, labels=self.labels,
                      hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
-        self.log("loss", loss.mean(), prog_bar=True)
-        self.log_dict({"reconstruction": recon.mean(), "kl": kl.mean(), "active_latents": active.mean()})
+        scalars = {"loss": loss.mean(), "reconstruction": recon.mean(), "kl": kl.mean(), "active_latents": active.mean()}
         if len(self.members) <= MAX_MEMBER_TAGS:
             for tag, values in (("reconstruction", recon), ("kl", kl), ("active_latents", active)):
-                self.log_dict({f"{tag}/{lbl}": v for lbl, v in zip(self.labels, values)})
+                scalars |= {f"{tag}/{lbl}": v for lbl, v in zip(self.labels, values)}
+        log_batch_rows(self, self.global_step, scalars, pending=1)  # as BetaVAE's
         return losses.sum()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
