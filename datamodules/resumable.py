@@ -24,7 +24,10 @@ fetching them. :class:`ResumableLoader` is a DataLoader using one as its ``sampl
 served since: loading it replays that epoch's permutation and skips what was served, so the
 resumed run sees the same batches in the same order, and the generator then advances as in the
 uninterrupted run. Between epochs (all batches served) the state is the generator's current
-state, from which the next epoch's permutation is drawn.
+state, from which the next epoch's permutation is drawn. An iterator that is made and dropped
+before it serves a batch changes nothing: resuming from a checkpoint saved at an epoch's end under
+``max_steps``, Lightning makes one, and torch's iterator draws a seed from the loader's generator
+when it is made; the next iterator starts from the state before it.
 
 Batches are counted where the loader hands them out, so worker prefetching does not count.
 Lightning does not prefetch a loader whose length it knows (these have one). Under DDP, Lightning
@@ -84,16 +87,28 @@ class ResumableLoader(DataLoader):
 
     def __iter__(self) -> "_Counted":
         batches = self._resumable()
+        if self._handed_out_nothing():
+            # the last iterator made served no batch (resuming at an epoch's end under max_steps,
+            # Lightning makes one and drops it): undo what making it drew from the generator (torch's
+            # iterator draws a seed from it), so that this one serves what that one would have
+            if self._epoch_start is not None:
+                batches.generator.set_state(self._epoch_start)
+            batches.skip = self._skipped
         self._epoch_start = None if batches.generator is None else batches.generator.get_state()
-        self._served = batches.skip
+        self._served = self._skipped = batches.skip
         return _Counted(super().__iter__(), self)
+
+    def _handed_out_nothing(self) -> bool:
+        """An iterator was made and has served no batch yet."""
+        return hasattr(self, "_skipped") and self._served == self._skipped
 
     def state_dict(self) -> dict:
         batches = self._resumable()
-        start, served = getattr(self, "_epoch_start", None), getattr(self, "_served", 0)
-        if served == 0 or served >= len(batches):  # before the first epoch, or after one
+        served = getattr(self, "_served", 0)
+        if not hasattr(self, "_skipped") or served >= len(batches):  # before the first epoch, or after one
             return {"generator": None if batches.generator is None else batches.generator.get_state(), "served": 0}
-        return {"generator": start, "served": served}
+        # within an epoch (an iterator that served nothing yet included: its epoch starts again)
+        return {"generator": self._epoch_start, "served": served}
 
     def load_state_dict(self, state_dict: dict) -> None:
         batches = self._resumable()
@@ -104,7 +119,8 @@ class ResumableLoader(DataLoader):
         if batches.generator is not None:
             batches.generator.set_state(state_dict["generator"])
         batches.skip = int(state_dict["served"])
-        self._epoch_start, self._served = None, 0
+        for name in ("_epoch_start", "_served", "_skipped"):  # no iterator of this state yet
+            self.__dict__.pop(name, None)
 
 
 class _Counted:

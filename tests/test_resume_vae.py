@@ -228,6 +228,27 @@ def test_loader_state_continues_the_uninterrupted_sequence(kind, stop):
     assert len(rest) == 7 * n_epochs - stop
 
 
+@pytest.mark.parametrize("kind", ["items", "batches"])
+@pytest.mark.parametrize("stop", [3, 7])  # mid-epoch, and an epoch's end
+def test_an_iterator_dropped_before_its_first_batch_changes_nothing(kind, stop):
+    """Resuming from a checkpoint saved at an epoch's end under max_steps, Lightning makes an iterator
+    of the training loader and drops it unused (torch's iterator draws a seed from the loader's
+    generator when it is made): the loader then serves the uninterrupted batches, and its state
+    while that iterator was the last one made is the state it was loaded with."""
+    expected = _batches(_loader(kind), 3)
+    first = _loader(kind)
+    it = iter(first)
+    seen = [next(it)[0].tolist() for _ in range(stop)]
+    state = first.state_dict()
+    resumed = _loader(kind)
+    resumed.load_state_dict(state)
+    iter(resumed)  # made and dropped
+    again = resumed.state_dict()
+    assert again["served"] == state["served"] and torch.equal(again["generator"], state["generator"])
+    rest = [b[0].tolist() for b in resumed] + _batches(resumed, 2 - stop // 7)
+    assert seen + rest == expected
+
+
 def test_resumable_loader_with_a_distributed_sampler():
     """Under DDP Lightning puts a DistributedSampler into ResumableBatches (it keeps BatchSampler's
     constructor for that): each rank's loader, stopped mid-epoch and restored into a fresh one, serves
