@@ -169,6 +169,17 @@ def test_sparse_autoencoder_stop_by_max_steps_then_resume(fig13_isae, tmp_path, 
 
 @needs_mnist
 @pytest.mark.slow
+def test_sparse_autoencoder_resumed_from_an_epochs_end(fig13_isae, tmp_path, one_thread):
+    """The checkpoint at step 12 is saved at an epoch's end (4 batches an epoch), after its
+    validation, under max_steps: Lightning resumes there by making a training iterator it drops,
+    which drew from the shuffle's generator (datamodules.resumable undoes that); the run ends as
+    the uninterrupted one (before the fix the next epoch trained on other batches)."""
+    args, full = fig13_isae
+    assert_same_run(full, resume_from_kept(tmp_path, args, 12))
+
+
+@needs_mnist
+@pytest.mark.slow
 def test_sparse_autoencoder_kill_then_resume(fig13_isae, tmp_path, one_thread, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     _dropped(_kill_then_resume(fig13_isae, tmp_path, total=ISAE_STEPS))
