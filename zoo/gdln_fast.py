@@ -91,10 +91,8 @@ class GradientDescent:
 
     def rates(self, params: list[Tensor]) -> list[float] | None:
         """Each of ``params``' learning rates, where the groups hold exactly ``params``; else None."""
-        rates = {id(W): g["lr"] for g in self.param_groups for W in g["params"]}
-        if len(rates) != len(params) or any(id(W) not in rates for W in params):
-            return None
-        return [rates[id(W)] for W in params]
+        pairs = [(W, g["lr"]) for g in self.param_groups for W in g["params"]]
+        return rates_of(pairs, params) if len(pairs) == len(params) else None
 
     def update_fn(self) -> "PlainUpdate":
         """``step()`` without a closure, for a caller already under ``no_grad`` (``run_epochs``): the
@@ -154,8 +152,14 @@ class PlainUpdate:
 
     def rates(self, params: list[Tensor]) -> list[float] | None:
         """Each of ``params``' learning rates, where this update covers every one of them; else None."""
-        rates = {id(W): lr for W, lr in self.pairs}
-        return [rates[id(W)] for W in params] if all(id(W) in rates for W in params) else None
+        return rates_of(self.pairs, params)
+
+
+def rates_of(pairs: list[tuple[Tensor, float]], params: list[Tensor]) -> list[float] | None:
+    """The learning rate of each of ``params`` in ``pairs`` (parameter, rate), where every one has
+    one; else None."""
+    rates = {id(W): lr for W, lr in pairs}
+    return [rates[id(W)] for W in params] if all(id(W) in rates for W in params) else None
 
 
 class TwoLayerEpoch:

@@ -50,7 +50,7 @@ from zoo.ewc import EWC
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
-from zoo.logs import ends_epoch_or_fit
+from zoo.logs import log_where_read
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
@@ -291,8 +291,7 @@ class MultiHeadStudent(MultiHeadModule):
         ``EarlyStopping`` and ``ModelCheckpoint(monitor="loss")`` read (``callback_metrics``)."""
         every, last = self.trainer.log_every_n_steps, self.trainer.num_training_batches
         written = (every > 0 and self.global_step % every == 0) or batch_idx + 1 >= last
-        if written or self.trainer.progress_bar_callback is not None or ends_epoch_or_fit(self):
-            self.log("loss", losses.mean(), prog_bar=True, logger=False)
+        log_where_read(self, {"loss": losses.mean()}, written)
         if not self.trainer.loggers or not written:
             return
         metrics, E = {"loss": losses.mean()}, self.n_members()
