@@ -19,6 +19,11 @@ batch pays Lightning's per-batch loop and the zoo's loss of every member, needed
 divergence check and the callbacks: at this size a step takes about 4-5 ms on an idle core, the
 loss ~0.06 ms (one sum over each member's 64 squares; 0.2 ms as a sum per sample then a mean) and Lightning's loop ~0.15-0.3 ms; with fewer members a step costs less and raising
 ``steps_per_batch`` is the setting that amortises that work).
+
+At one step per batch the bench also times Lightning's floor: a ``LightningModule`` whose
+``training_step`` is the plain loop's step verbatim (no loss, no check, no logging, no counting),
+run by the same ``Trainer`` settings, interleaved with the other two and checked to the same bits.
+No module under Lightning's batch loop can beat it, so its ratio bounds what the zoo's row can reach.
 """
 from __future__ import annotations
 
@@ -67,6 +72,35 @@ def plain_loop(E: int, steps: int, device: torch.device | None = None) -> tuple[
         return steps / (clock(device) - t), [W1, W2]
 
 
+class BareStep(pl.LightningModule):
+    """Lightning's floor: the plain loop's step (its very operations) as a ``training_step``, and
+    nothing else; manual optimisation, so Lightning counts no optimizer step (the fit is bounded by
+    ``limit_train_batches``)."""
+
+    def __init__(self, E: int) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.W = torch.nn.ParameterList(W.detach().clone() for W in network(E, 1).W)
+        self.buffers_ = [torch.empty_like(self.W[0]) for _ in range(5)]
+
+    def configure_optimizers(self) -> None:
+        return None
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        X, Y = batch
+        W1, W2 = (W.detach() for W in self.W)
+        M, D, G, g1, g2 = self.buffers_
+        x = X.expand(W1.shape[0], *X.shape)
+        with torch.no_grad():
+            torch.matmul(W2, W1, out=M)
+            torch.matmul(x, M.mT, out=D).sub_(Y)
+            torch.matmul(D.mT, x, out=G).div_(D.shape[-2])
+            torch.matmul(G, W1.mT, out=g2)
+            torch.matmul(W2.mT, G, out=g1)
+            W2.add_(g2, alpha=-LR)
+            W1.add_(g1, alpha=-LR)
+
+
 class Stopwatch(pl.Callback):
     """Seconds from the start of training to its end (the Trainer's own setup left out)."""
 
@@ -92,6 +126,16 @@ def zoo_path(E: int, steps_per_batch: int, steps: int, accelerator: str = "cpu")
     return steps / watch.seconds, [W.detach() for W in net.W]
 
 
+def floor_path(E: int, steps: int) -> tuple[float, list[torch.Tensor]]:
+    """Steps/s of :class:`BareStep` under ``Trainer.fit`` (one step a batch), and the final weights."""
+    net, watch = BareStep(E), Stopwatch(None)
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         accelerator="cpu", devices=1, callbacks=[watch])
+    trainer.fit(net, datamodule=SemanticHierarchy(batches_per_epoch=steps))
+    return steps / watch.seconds, [W.detach() for W in net.W]
+
+
 def main() -> None:
     args = harness.arguments(__doc__)
     warnings.filterwarnings("ignore")  # Lightning's advice on small data sets would hide the table
@@ -105,12 +149,19 @@ def main() -> None:
                 rate, finals[name] = fn(*a)
                 return rate
             return run
-        rates = harness.interleaved({"zoo": timed("zoo", zoo_path, E, k, steps),
-                                     "loop": timed("loop", plain_loop, E, steps)}, args.rounds)
-        same = all(torch.equal(a, b) for a, b in zip(finals["zoo"], finals["loop"]))
-        print(f"{label}: final weights of the zoo and the plain loop bit-identical: {same}")
-        if not same:
-            raise SystemExit(f"{label}: the zoo and the plain loop disagree; the comparison is void")
+        sides = {"zoo": timed("zoo", zoo_path, E, k, steps), "loop": timed("loop", plain_loop, E, steps)}
+        if k == 1:
+            sides["floor"] = timed("floor", floor_path, E, steps)
+        rates = harness.interleaved(sides, args.rounds)
+        for side in set(sides) - {"loop"}:
+            same = all(torch.equal(a, b) for a, b in zip(finals[side], finals["loop"]))
+            print(f"{label}: final weights of the {side} and the plain loop bit-identical: {same}")
+            if not same:
+                raise SystemExit(f"{label}: the {side} and the plain loop disagree; the comparison is void")
+        if k == 1:
+            floor, loop = harness.median(rates["floor"]), harness.median(rates["loop"])
+            print(f"{label}: Lightning's floor (the plain loop's step as a bare training_step) {floor:,.0f} steps/s, "
+                  f"{floor / loop:.2f}x the plain loop: the most a module under Lightning's batch loop can reach")
         rows.append(harness.Row(f"DeepLinearNet 8-8-8, {label}", zoo=harness.median(rates["zoo"]),
                                 baseline=harness.median(rates["loop"]), unit="steps/s", goal=0.9))
         gpu.append((label, on_gpu(lambda: zoo_path(E, k, steps, ACCELERATOR)[0]),
