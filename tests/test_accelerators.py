@@ -319,3 +319,7 @@ def test_logged_values_reach_the_host_in_one_transfer_with_their_exact_values(ac
     assert list(got) == list(metrics)  # in order
     assert got == {k: float(v) for k, v in metrics.items()}  # exactly float() of each
     assert all(type(v) is float for v in got.values())
+    one_dtype = {"a": metrics["a"], "g": x[3].to(device), "h": x[4].reshape(1, 1).to(device)}  # stacked as they are
+    assert host_floats(one_dtype) == {k: float(v) for k, v in one_dtype.items()}
+    numbers = {"a": metrics["a"], "g": metrics["g"], "i": x[4].to(device)}  # 0-dim, one dtype (on CUDA, two devices)
+    assert host_floats(numbers) == {k: float(v) for k, v in numbers.items()}

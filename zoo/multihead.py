@@ -395,8 +395,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         self.ewc.consolidate({"W": self.W.detach()}, {"W": F})
         with all_members(self):
             summary = self.ewc.summary()
-        for lg in self.trainer.loggers:
-            lg.log_metrics({f"ewc/{k}": v for k, v in summary.items()}, step=self.event_step())
+        log_scalars(self.trainer, {f"ewc/{k}": v for k, v in summary.items()}, step=self.event_step())
 
     def begin_task(self, task: int) -> None:
         """At a training batch of ``task``: switch if it is a new one (a datamodule without

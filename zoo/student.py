@@ -50,7 +50,7 @@ from zoo.ewc import EWC
 from zoo.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
 from zoo.labels import MAX_MEMBER_TAGS
-from zoo.logs import log_where_read
+from zoo.logs import log_scalars, log_where_read
 from zoo.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.progress import attached_trainer
@@ -302,8 +302,7 @@ class MultiHeadStudent(MultiHeadModule):
             metrics["ewc/penalty"] = pen.mean()
             if 1 < E <= MAX_MEMBER_TAGS:
                 metrics |= {f"ewc/penalty/{lbl}": v for lbl, v in zip(self.labels, pen)}
-        for lg in self.trainer.loggers:
-            lg.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.samples_seen)
+        log_scalars(self.trainer, metrics, step=self.samples_seen)
 
     def _check_stream_position(self, batch: dict[str, Tensor], B: int) -> None:
         """A batch that says which SGD step it starts at must start at ``samples_seen``: otherwise a
