@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+from matplotlib.ticker import FormatStrFormatter
 from torch import Tensor
 
 from zoo.plots import pyplot
@@ -20,13 +21,16 @@ def _draw(fig, shape: tuple[int, ...], symmetric: bool):
     """A heatmap's axes on ``fig``: the image (``shape``, a diverging map or viridis), its colour bar
     and a title, in a fixed layout (no ``tight_layout``: ~10 ms a figure, and its result depends on
     the tick labels); returns the image and the title."""
-    ax = fig.add_axes((0.03, 0.03, 0.68, 0.86))
+    ax = fig.add_axes((0.03, 0.03, 0.68, 0.83))
     im = ax.imshow(np.zeros(shape), cmap="RdBu_r" if symmetric else "viridis", interpolation="nearest")
     ax.apply_aspect()  # the image's box (square cells), so that the colour bar can take its height
     box = ax.get_position()
-    fig.colorbar(im, cax=fig.add_axes((box.x1 + 0.025, box.y0, 0.04, box.height)))
+    bar = fig.colorbar(im, cax=fig.add_axes((box.x1 + 0.025, box.y0, 0.04, box.height)))
+    # each tick its own number: a common offset or factor ("1e-6") would be drawn over the title
+    bar.formatter = FormatStrFormatter("%.3g")
+    bar.ax.tick_params(labelsize=8)
     ax.set_xticks([]), ax.set_yticks([])
-    return im, ax.set_title("", fontsize=8)
+    return im, ax.set_title("", fontsize=8, pad=3, wrap=True)  # a long title on two lines, not cut at the edges
 
 
 def _show(im, title_text, A: np.ndarray, title: str, symmetric: bool) -> None:
