@@ -23,6 +23,7 @@ them is the training error of the current weights.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Iterator, NamedTuple
 
@@ -59,8 +60,14 @@ def on_model_device(datamodule: pl.LightningDataModule, *tensors: Tensor) -> tup
     return tuple(kept_on(datamodule, t, trainer.strategy.root_device) for t in tensors)
 
 
-class RepeatedBatch(Dataset):
-    """The whole dataset as one batch, ``repeats`` times: one epoch = ``repeats`` GD steps."""
+class RepeatedBatch:
+    """The whole dataset as one batch, ``repeats`` times: one epoch = ``repeats`` GD steps.
+
+    The loader itself: Lightning runs any iterable with a length as a dataloader (on every rank as
+    it is: it adds a distributed sampler to a torch ``DataLoader`` only). A ``DataLoader`` around a
+    batch that never changes cost ~0.1 ms a step (its sampler, fetch and conversion, and Lightning's
+    handling of a ``DataLoader``), as much as Lightning's own batch loop around a small network's GD
+    step. It also indexes as a map-style dataset (every index the whole batch), as before."""
 
     def __init__(self, X: Tensor, Y: Tensor, repeats: int) -> None:
         self.X, self.Y, self.repeats = X, Y, repeats
@@ -68,8 +75,22 @@ class RepeatedBatch(Dataset):
     def __len__(self) -> int:
         return self.repeats
 
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return itertools.repeat((self.X, self.Y), self.repeats)
+
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         return self.X, self.Y
+
+
+class DescribedByData:
+    """``str()`` of a datamodule whose loaders include :class:`RepeatedBatch`: its class and data
+    set, without calling its loaders. Lightning 2.6's ``LightningDataModule.__str__`` calls each
+    loader method and reads torch ``DataLoader``s only: it would iterate a plain loader's batches as
+    if they were loaders and fail (jsonargparse puts a datamodule's ``str`` in some of its messages)."""
+
+    def __str__(self) -> str:
+        X, Y = self.X, self.Y  # type: ignore[attr-defined]
+        return f"{type(self).__name__}: {X.shape[0]} points, {X.shape[1]} inputs, {Y.shape[1]} outputs"
 
 
 class EpochShuffle(Sampler[int]):
@@ -146,7 +167,7 @@ class ResumableLoader(DataLoader):
         self.sampler.skip = done * self.batch_size if done < len(self) else 0
 
 
-class LinearTask(pl.LightningDataModule):
+class LinearTask(DescribedByData, pl.LightningDataModule):
     """Base of the regression tasks: holds ``X``, ``Y`` and serves full batches or minibatches.
 
     Subclasses implement ``make(generator)`` returning ``(X, Y)``.
@@ -212,15 +233,11 @@ class LinearTask(pl.LightningDataModule):
         U, s, Vh = torch.linalg.svd(self.sigma_yx / c, full_matrices=False)
         return TaskModes(U, s, Vh.T, c)
 
-    def train_dataloader(self) -> DataLoader:
-        world, rank = self._data_parallel_ranks()
+    def train_dataloader(self) -> RepeatedBatch | DataLoader:
         if self.batch_size is None:
-            data = RepeatedBatch(*self._full_batch(), self.batches_per_epoch)
-            if world == 1:
-                return DataLoader(data, batch_size=None, shuffle=False)
-            # every rank the whole task at every step, an epoch of batches_per_epoch steps: a sampler of
-            # one replica, which Lightning leaves as it is (its own would deal the repeats out)
-            return DataLoader(data, batch_size=None, sampler=DistributedSampler(data, num_replicas=1, rank=0, shuffle=False))
+            # on every rank (data-parallel too) the whole task at every step, batches_per_epoch steps an epoch
+            return RepeatedBatch(*self._full_batch(), self.batches_per_epoch)
+        world, rank = self._data_parallel_ranks()
         X, Y = self._data()  # minibatches are drawn on the host (Lightning moves each one)
         n = X.shape[0]
         sampler = EpochShuffle(n, self.seed) if world == 1 else ShardedEpochShuffle(n, self.seed, world, rank)
@@ -233,10 +250,10 @@ class LinearTask(pl.LightningDataModule):
         kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
         return (int(kwargs["num_replicas"]), int(kwargs["rank"])) if kwargs else (1, 0)
 
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(*self._full_batch(), 1), batch_size=None, shuffle=False)
+    def val_dataloader(self) -> RepeatedBatch:
+        return RepeatedBatch(*self._full_batch(), 1)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> RepeatedBatch:
         return self.val_dataloader()
 
     def _batches_done(self) -> int:

@@ -13,13 +13,12 @@ import math
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from datamodules.regression import RepeatedBatch
+from datamodules.regression import DescribedByData, RepeatedBatch
 from zoo.theory.gdln import Gating
 
 
-class GatedTask(pl.LightningDataModule):
+class GatedTask(DescribedByData, pl.LightningDataModule):
     """Base of the GDLN tasks: a fixed (X, Y) served as full batches, plus named gatings."""
 
     GATINGS: tuple[str, ...] = ()
@@ -53,19 +52,19 @@ class GatedTask(pl.LightningDataModule):
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         return self.X.to(device), self.Y.to(device)
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(*self.full_batch(), self.batches_per_epoch), batch_size=None, shuffle=False)
+    def train_dataloader(self) -> RepeatedBatch:
+        return RepeatedBatch(*self.full_batch(), self.batches_per_epoch)
 
     # The evaluation set is the task itself: these tasks are the whole data set ([H] studies how
     # the training loss falls), and there is no held-out point to generalise to.
-    def val_dataloader(self) -> DataLoader | list:
+    def val_dataloader(self) -> RepeatedBatch | list:
         # in a fit the validation MSE would repeat the training loss after every chunk of epochs
         if self.trainer is not None and self.trainer.state.fn == "fit":
             return []
-        return DataLoader(RepeatedBatch(*self.full_batch(), 1), batch_size=None, shuffle=False)
+        return RepeatedBatch(*self.full_batch(), 1)
 
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(RepeatedBatch(*self.full_batch(), 1), batch_size=None, shuffle=False)
+    def test_dataloader(self) -> RepeatedBatch:
+        return RepeatedBatch(*self.full_batch(), 1)
 
 
 class XorMargin(GatedTask):

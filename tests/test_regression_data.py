@@ -98,3 +98,15 @@ def test_an_epoch_dealt_out_to_ranks_covers_it_evenly_and_resumes_per_rank():
     assert list(ranks[1]) == parts[1][2:] and list(ranks[1]) == parts[1]
     with pytest.raises(ValueError, match="rank = 4, num_replicas = 4"):
         ShardedEpochShuffle(10, seed=3, num_replicas=4, rank=4)
+
+
+def test_str_of_a_full_batch_task_names_its_data_without_its_loaders():
+    """Lightning 2.6's LightningDataModule.__str__ reads torch DataLoaders only; these tasks serve a
+    plain iterable (RepeatedBatch), and jsonargparse puts a datamodule's str in its messages."""
+    from datamodules.contexts import Contexts
+
+    assert str(SemanticHierarchy()) == "SemanticHierarchy: 8 points, 8 inputs, 8 outputs"
+    assert str(Contexts(3, "different")) == "Contexts: 24 points, 11 inputs, 60 outputs"
+    dm = SemanticHierarchy(batches_per_epoch=3)
+    batches = list(dm.train_dataloader())
+    assert len(dm.train_dataloader()) == 3 and all(x is dm.X and y is dm.Y for x, y in batches)
