@@ -85,6 +85,8 @@ def log_batch_scalars(module: pl.LightningModule, step: int, losses: Mapping[str
     hold the last logged values. Why not every batch: ``self.log`` costs ~0.2-0.5 ms a key
     (Lightning moves its stored result to the value's device at every call), as much as a GD step of
     4,096 members, so a key is logged where something reads it."""
+    if not logged_at_all(module, tuple(losses) if prog_bar else ()):
+        return  # nothing reads this batch's values (most batches): they are not even computed
     means = {key: values.mean() for key, values in losses.items()}
     per_member = ({f"loss/{lbl}": l for lbl, l in zip(module.labels, members)}
                   if members is not None and 1 < len(members) <= MAX_MEMBER_TAGS else {})
@@ -122,6 +124,13 @@ def log_where_read(module: pl.LightningModule, values: Mapping[str, torch.Tensor
         for key in prog_bar:
             if key in values:
                 module.log(key, values[key], prog_bar=True, logger=False)
+
+
+def logged_at_all(module: pl.LightningModule, prog_bar: tuple[str, ...] = ("loss",), pending: int = 0) -> bool:
+    """Whether :func:`log_batch_rows` logs anything of this training batch (:func:`log_where_read`'s
+    cases): a written row, an epoch's or the fit's end, or a progress bar that shows ``prog_bar``."""
+    return (batch_written(module.trainer) or ends_epoch_or_fit(module, pending)
+            or bool(prog_bar) and module.trainer.progress_bar_callback is not None)
 
 
 def batch_written(trainer: pl.Trainer) -> bool:
