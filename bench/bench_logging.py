@@ -10,7 +10,7 @@ same thing into the same kind of event file, in interleaved rounds:
   ``zoo.scalar_events``) against that one ``Summary`` written by hand into a ``SummaryWriter``. Both
   files read back with the same tags, steps and values (checked here). Lightning's own
   ``TensorBoardLogger.log_metrics`` (an event per scalar, as the zoo wrote before) is timed in the
-  same rounds and printed: ~4.5 ms a record against ~0.3 ms.
+  same rounds and printed: ~4 ms a record against ~0.5 ms.
 * an 8 x 8 heatmap (a ``NetworkMap`` image), 40 images: ``zoo.logs.log_matrix`` (a canvas kept per
   shape, ``zoo.plots.matrix.heatmap_rgb``) against a figure built once by hand and redrawn
   (``set_data``, ``set_clim``, the title) into ``add_image``. A new matplotlib figure per image
