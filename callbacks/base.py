@@ -9,6 +9,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 from zoo.distributed import all_members, gather_outputs
+from zoo.history import packed, unpacked
 
 # the run's loggers and folder: re-exported so that callbacks import from this module alone
 from zoo.logs import log_figure, log_matrix, log_scalars, log_step, output_path, overlay_charts, warn_once, write_table  # noqa: F401
@@ -112,8 +113,9 @@ class PeriodicCallback(pl.Callback):
 
 class HistoryCallback(PeriodicCallback):
     """A periodic callback that records lists under ``HISTORY_KEYS``; the record is saved in
-    checkpoints (tensors and numbers only, so it loads with ``weights_only``) and starts afresh
-    at each ``fit`` before a checkpoint's state is restored."""
+    checkpoints (tensors and numbers only, so it loads with ``weights_only``; each list of equal
+    tensors as one, ``zoo.history``) and starts afresh at each ``fit`` before a checkpoint's state
+    is restored."""
 
     HISTORY_KEYS: tuple[str, ...] = ()
 
@@ -125,10 +127,10 @@ class HistoryCallback(PeriodicCallback):
         self.history: dict[str, list] = {k: [] for k in self.HISTORY_KEYS}
 
     def state_dict(self) -> dict:
-        return {"history": self.history}
+        return {"history": packed(self.history)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.history = state_dict["history"]
+        self.history = unpacked(state_dict["history"])
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":

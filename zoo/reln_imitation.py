@@ -31,6 +31,7 @@ from zoo import reln
 from zoo.checkpoint_checks import CheckpointMismatch
 from zoo.gdln import Comparison, ReLUNet
 from zoo.hparams import save_own_hyperparameters
+from zoo.history import unpacked
 from zoo.logs import log_figure, log_scalars, warn_once
 from zoo.plots import gdln as plots
 
@@ -77,7 +78,7 @@ def read_relu_record(path: str, network: str | None = None, who: str = "Imitatio
                                  f"layer{'' if network is None else f' of network {network!r}'}; allowed: the "
                                  f"last.ckpt of a fit with that callback, e.g. phase 1 ({PHASE_1})")
     state = found[0]
-    history = state["history"]
+    history = unpacked(state["history"])
     if len(history["epochs"]) < 2:
         raise ValueError(f"{where}: ActivationPatterns recorded epochs {history['epochs']}, nothing after the start; "
                          "allowed: a run that recorded after training too (every_n_epochs at most its max_steps)")
