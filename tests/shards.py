@@ -18,14 +18,19 @@ import time
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-# seconds per file, whole suite, one process, idle 2-core machine (2026-11-25); only for balance
+# seconds per file (setup, call and teardown of its tests), in the two shards of `make test` on an idle
+# 2-core machine (2026-11-26); only for balance
 SECONDS = {
-    "test_recipes.py": 44.7, "test_resume_streams.py": 41.0, "test_gdln.py": 35.0, "test_resume_gdln.py": 34.6,
-    "test_errors.py": 27.6, "test_resume_vae.py": 26.1, "test_ddp_linear.py": 24.1, "test_resume_deep_linear.py": 36.0,
-    "test_meanfield.py": 14.0, "test_ddp_vae.py": 9.9, "test_cli.py": 9.4, "test_teacher_student_callbacks.py": 7.4,
-    "test_ddp_multihead.py": 5.4, "test_reln_imitation.py": 5.0, "test_linear_callbacks.py": 3.9,
-    "test_ddp_gdln.py": 3.1, "test_student.py": 2.9, "test_entropy_phase.py": 2.6, "test_forgetting_callbacks.py": 2.3,
-    "test_deep_linear.py": 2.2, "test_multihead.py": 2.1, "test_dci.py": 2.0,
+    "test_recipes.py": 68.3, "test_resume_streams.py": 52.9, "test_resume_gdln.py": 47.4, "test_gdln.py": 41.5,
+    "test_resume_deep_linear.py": 39.7, "test_errors.py": 37.9, "test_ddp_linear.py": 34.4,
+    "test_resume_vae.py": 27.8, "test_meanfield.py": 18.4, "test_ddp_vae.py": 14.5, "test_cli.py": 12.0,
+    "test_wheel.py": 10.5, "test_data_parallel.py": 8.9, "test_ddp_multihead.py": 8.8,
+    "test_teacher_student_callbacks.py": 6.5, "test_reln_imitation.py": 6.2, "test_ddp_gdln.py": 4.9,
+    "test_docs.py": 4.6, "test_entropy_phase.py": 3.5, "test_forgetting_callbacks.py": 3.2,
+    "test_multihead.py": 3.0, "test_linear_callbacks.py": 2.9, "test_student.py": 2.5, "test_dci.py": 2.1,
+    "test_fisher.py": 2.0, "test_mnist_continual.py": 1.8, "test_shapes.py": 1.8, "test_gdln_theory.py": 1.7,
+    "test_accelerators.py": 1.6, "test_run_summary.py": 1.6, "test_vae_callbacks.py": 1.6,
+    "test_callbacks.py": 1.5,
 }
 
 
