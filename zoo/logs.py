@@ -85,7 +85,8 @@ def log_batch_scalars(module: pl.LightningModule, step: int, losses: Mapping[str
     hold the last logged values. Why not every batch: ``self.log`` costs ~0.2-0.5 ms a key
     (Lightning moves its stored result to the value's device at every call), as much as a GD step of
     4,096 members, so a key is logged where something reads it."""
-    if not logged_at_all(module, tuple(losses) if prog_bar else ()):
+    bar = tuple(losses) if prog_bar else ()
+    if not batch_written(module.trainer) and not read_keys(module, tuple(losses), False, bar):
         return  # nothing reads this batch's values (most batches): they are not even computed
     means = {key: values.mean() for key, values in losses.items()}
     per_member = ({f"loss/{lbl}": l for lbl, l in zip(module.labels, members)}
@@ -117,20 +118,20 @@ def log_where_read(module: pl.LightningModule, values: Mapping[str, torch.Tensor
     fit (``EarlyStopping``, ``ModelCheckpoint(monitor=...)`` read ``callback_metrics`` there), the keys
     in ``prog_bar`` on every batch while a progress bar shows them. ``self.log`` costs ~0.2-0.5 ms a
     key, as much as a step of the zoo's small networks."""
+    for key in read_keys(module, tuple(values), written, prog_bar, pending):
+        module.log(key, values[key], prog_bar=key in prog_bar, logger=False)
+
+
+def read_keys(module: pl.LightningModule, keys: tuple[str, ...], written: bool,
+              prog_bar: tuple[str, ...] = ("loss",), pending: int = 0) -> tuple[str, ...]:
+    """Which of a training batch's ``keys`` something reads (:func:`log_where_read`'s rule): all of
+    them on a written batch and at the end of an epoch or of the fit, else those in ``prog_bar``
+    while a progress bar shows them, else none."""
     if written or ends_epoch_or_fit(module, pending):
-        for key, value in values.items():
-            module.log(key, value, prog_bar=key in prog_bar, logger=False)
-    elif prog_bar and module.trainer.progress_bar_callback is not None:
-        for key in prog_bar:
-            if key in values:
-                module.log(key, values[key], prog_bar=True, logger=False)
-
-
-def logged_at_all(module: pl.LightningModule, prog_bar: tuple[str, ...] = ("loss",), pending: int = 0) -> bool:
-    """Whether :func:`log_batch_rows` logs anything of this training batch (:func:`log_where_read`'s
-    cases): a written row, an epoch's or the fit's end, or a progress bar that shows ``prog_bar``."""
-    return (batch_written(module.trainer) or ends_epoch_or_fit(module, pending)
-            or bool(prog_bar) and module.trainer.progress_bar_callback is not None)
+        return keys
+    if prog_bar and module.trainer.progress_bar_callback is not None:
+        return tuple(k for k in keys if k in prog_bar)
+    return ()
 
 
 def batch_written(trainer: pl.Trainer) -> bool:
