@@ -1,4 +1,4 @@
-"""The cost of the default checkpoints (``zoo.checkpoint.RunCheckpoint``: last.ckpt every tenth of
+"""The cost of the default checkpoints (``zoo.training.checkpoint.RunCheckpoint``: last.ckpt every tenth of
 the run): the same fit with and without them.
 
     python bench/bench_checkpoint.py [--threads T] [--rounds R]
@@ -45,7 +45,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from datamodules import SemanticHierarchy, TeacherStudent
 from zoo import DeepLinearNet, MultiHeadStudent
-from zoo.checkpoint import RunCheckpoint
+from zoo.training.checkpoint import RunCheckpoint
 from zoo.init import Gaussian, LambdaBalanced, Polar
 
 from gpu_column import ACCELERATOR, GPU, HEADING, cell, clock, on_gpu

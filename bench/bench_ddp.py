@@ -1,4 +1,4 @@
-"""Member-parallel speed-up: a MultiHeadStudent ensemble on 2 CPU processes against 1 (``zoo.distributed``).
+"""Member-parallel speed-up: a MultiHeadStudent ensemble on 2 CPU processes against 1 (``zoo.training.distributed``).
 
     python bench/bench_ddp.py [--threads T] [--rounds R] [--steps N]
 
@@ -54,7 +54,7 @@ def worker(devices: int, steps: int, accelerator: str, save: str) -> None:
     saves the trained weights (every rank holds all members again after fit) to ``save``."""
     from datamodules import TeacherStudent
     from zoo import MultiHeadStudent
-    from zoo.distributed import EnsembleDDP
+    from zoo.training.distributed import EnsembleDDP
     from zoo.init import Gaussian, Polar
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -12,8 +12,8 @@ a batch, and no validation, which the plain loop has no counterpart of). Both si
 same weights, checked bit for bit here.
 
 Two regimes: 100 steps per batch (E = 100, the recipes' many-step setting: the batch's steps run
-as one loop with ``zoo.gdln_fast.GradientDescent``'s update written in, counted by Lightning
-through ``zoo.steps``; what remains beside the arithmetic is Lightning's loop between batches and
+as one loop with ``zoo.kernels.gdln.GradientDescent``'s update written in, counted by Lightning
+through ``zoo.training.steps``; what remains beside the arithmetic is Lightning's loop between batches and
 the module's per-batch loss, check and bookkeeping), and one step per batch with E = 4096 members (every
 batch pays Lightning's per-batch loop and the zoo's loss of every member, needed for the
 divergence check and the callbacks: at this size a step takes about 4-5 ms on an idle core, the

@@ -16,7 +16,7 @@ transposed beside the output weights in one buffer and both gradients in another
 pass ``W.sub_(grad, alpha=lr)``), a block of 32 epochs one call of a TorchScript function, the
 losses a block at a time, no Lightning. A
 third side, the zoo's Trainer-free ``run_epochs``, separates the cost of the zoo's own code from
-Lightning's (its per-step work and the counting of the epochs' optimizer steps, ``zoo.steps``).
+Lightning's (its per-step work and the counting of the epochs' optimizer steps, ``zoo.training.steps``).
 All sides must end on the same weights and losses to the bit (checked and printed).
 
 Where an epoch of the ReLU net goes (CPU time at one thread, AMD EPYC (Zen 4) with MKL 2024.2,
@@ -29,7 +29,7 @@ are ~87% of an epoch (torch.profiler): what is left is there.
 
 Done in round 25 (``run_epochs`` 1.03 -> 0.87 CPU s for the ReLU net, 0.66 -> 0.53 for the ReLN,
 the same bits): the weights on working copies for a chunk of epochs
-(``zoo.gdln_fast.TwoLayerEpoch.updating``), the (700 x 11) input weights laid out (11 x 700) as
+(``zoo.kernels.gdln.TwoLayerEpoch.updating``), the (700 x 11) input weights laid out (11 x 700) as
 their gradient's product leaves it (their update had read that product across, ~6 us), one update
 pass for both weights, every transposed view made once (~1 us each an epoch), a block of 32
 epochs one call of a TorchScript function run by its interpreter without graph passes (the same
@@ -73,7 +73,7 @@ import torch
 import harness
 from datamodules.contexts import Contexts
 from gpu_column import ACCELERATOR, GPU, HEADING, cell, clock, on_gpu
-from zoo.gdln import GDLN, ReLUNet
+from zoo.models.gdln import GDLN, ReLUNet
 from zoo.init import Gaussian
 
 EPOCHS, SIGMA, LR = 8000, 7.142857e-6, 1e-3
@@ -115,7 +115,7 @@ def zoo_fit(kind: str, dm: Contexts, threads: int, accelerator: str = "cpu") -> 
 
 
 def zoo_run_epochs(kind: str, dm: Contexts, threads: int) -> tuple[float, list[torch.Tensor]]:
-    """The zoo's Trainer-free loop (``run_epochs``, what ``zoo.reln`` trains its GDLNs with): the
+    """The zoo's Trainer-free loop (``run_epochs``, what ``zoo.models.reln`` trains its GDLNs with): the
     same epochs without Lightning's per-epoch optimizer step."""
     net = make(kind, dm, threads)
     if kind == "ReLN":

@@ -6,12 +6,12 @@ Two rows, each the zoo's writer against the strongest hand-written code we know 
 same thing into the same kind of event file, in interleaved rounds:
 
 * a record of 75 scalars (the quickstart's ``SingularValues`` record: 5 members x 15 mode strengths
-  and their theory), 200 records: ``zoo.logs.log_scalars`` (one event holding the record,
-  ``zoo.scalar_events``) against that one ``Summary`` written by hand into a ``SummaryWriter``. Both
+  and their theory), 200 records: ``zoo.training.logs.log_scalars`` (one event holding the record,
+  ``zoo.training.scalar_events``) against that one ``Summary`` written by hand into a ``SummaryWriter``. Both
   files read back with the same tags, steps and values (checked here). Lightning's own
   ``TensorBoardLogger.log_metrics`` (an event per scalar, as the zoo wrote before) is timed in the
   same rounds and printed: ~4 ms a record against ~0.5 ms.
-* an 8 x 8 heatmap (a ``NetworkMap`` image), 40 images: ``zoo.logs.log_matrix`` (a canvas kept per
+* an 8 x 8 heatmap (a ``NetworkMap`` image), 40 images: ``zoo.training.logs.log_matrix`` (a canvas kept per
   shape, ``zoo.plots.matrix.heatmap_rgb``) against a figure built once by hand and redrawn
   (``set_data``, ``set_clim``, the title) into ``add_image``. A new matplotlib figure per image
   through ``add_figure`` (what the zoo did before, with ``tight_layout``) is printed beside them:
@@ -40,7 +40,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
 import harness
-from zoo.logs import log_matrix, log_scalars
+from zoo.training.logs import log_matrix, log_scalars
 from zoo.plots.matrix import heatmap
 
 RECORDS, IMAGES = 200, 40

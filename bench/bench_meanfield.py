@@ -14,7 +14,7 @@ Rows:
 2. Under load: torch at 2 threads (``max(2, --threads)``) and a process spinning on a core for
    the length of the measurement (an artificial load, bounded in time and stopped after it),
    ``integrate`` with its scoped thread choice (``cpu_threads="auto"``: one thread at this size,
-   ``zoo.threads``) against the unscoped call (``cpu_threads=None``: torch's 2 threads), on the
+   ``zoo.utils.threads``) against the unscoped call (``cpu_threads=None``: torch's 2 threads), on the
    first ``LOAD_ALPHA`` time units (the unscoped call is ~10-20x slower there). Same bits checked.
    Goal 2x: a second thread that waits for a busy core costs more than that; the scoped path must
    not pay it.
@@ -33,7 +33,7 @@ import torch
 import harness
 from gpu_column import GPU, HEADING, cell, clock, on_gpu
 from zoo.theory.meanfield import derivatives, integrate
-from zoo.threads import num_threads
+from zoo.utils.threads import num_threads
 
 N_R, N_THETA, ALPHA1, ALPHA2, D_ALPHA = 20, 20, 30.0, 30.0, 0.01
 LOAD_ALPHA = 2.0  # time units integrated under load (1 on each task)

@@ -37,7 +37,7 @@ import numpy as np
 
 from datamodules import shapes_render as render
 from datamodules.shapes import DSPRITES, SHAPES3D, generate_dsprites, generate_shapes3d
-from zoo.extras import require
+from zoo.utils.extras import require
 
 from gpu_column import GPU, HEADING
 

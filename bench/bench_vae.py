@@ -7,7 +7,7 @@ Sizes of the recipe: 12 beta-VAEs (3 gains x 4 seeds), 16x16x3 images, widths 25
 L = 10, batch 64, lr 1e-3. Each step is the forward pass, the backward pass and Adam's update.
 
 * zoo: ``BetaVAESweep.member_losses`` (vectorised: every member's encoder and decoder as one batched
-  computation over stacked weights, ``zoo.vae_stacked``), the sum backward, and the sweep's own
+  computation over stacked weights, ``zoo.kernels.vae``), the sum backward, and the sweep's own
   optimizer (``configure_optimizers``: ``StackedAdam``, torch's fused Adam kernel run over the
   stacked parameters, gradients and state).
 * baseline (the strongest hand-written loop of the same arithmetic): 12 separate ``BetaVAE``s, each
@@ -29,7 +29,7 @@ import torch
 from gpu_column import GPU, HEADING, cell, clock, on_gpu
 
 from zoo.init import Gain
-from zoo.vae import BetaVAE, BetaVAESweep
+from zoo.models.vae import BetaVAE, BetaVAESweep
 
 ARGS = dict(latent_dim=10, encoder_widths=[256, 128, 64, 32], decoder_widths=[32, 64, 128, 256], lr=1e-3,
             image_shape=[3, 16, 16])

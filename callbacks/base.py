@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from zoo.distributed import all_members, gather_outputs
-from zoo.history import packed, unpacked
+from zoo.training.distributed import all_members, gather_outputs
+from zoo.training.history import packed, unpacked
 
 # the run's loggers and folder: re-exported so that callbacks import from this module alone
-from zoo.logs import log_figure, log_matrix, log_scalars, log_step, output_path, overlay_charts, warn_once, write_table  # noqa: F401
+from zoo.training.logs import log_figure, log_matrix, log_scalars, log_step, output_path, overlay_charts, warn_once, write_table  # noqa: F401
 
 
 def check_count(who: str, name: str, value: int, minimum: int = 1) -> int:
@@ -43,7 +43,7 @@ class PeriodicCallback(pl.Callback):
     ``unit`` says what the clock counts: ``"steps"`` (``trainer.global_step``, optimizer updates),
     ``"samples"`` (``pl_module.samples_seen``, e.g. the online-SGD steps of a teacher-student
     student, the theory's time ``alpha * d``) or ``"epochs"`` (``pl_module.epochs_done``). Scalars
-    are logged on the module's axis (``zoo.logs.log_step``: ``global_step``, or ``samples_seen`` for a
+    are logged on the module's axis (``zoo.training.logs.log_step``: ``global_step``, or ``samples_seen`` for a
     module that logs on samples), the same as its ``loss``, whatever the unit.
     """
 
@@ -75,7 +75,7 @@ class PeriodicCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.now = self.clock(trainer, pl_module)
-        # member-parallel (zoo.distributed): every rank gathers all members, rank 0 records and writes
+        # member-parallel (zoo.training.distributed): every rank gathers all members, rank 0 records and writes
         with all_members(pl_module):
             self.on_start(trainer, pl_module)
             # a resumed run starts at a checkpoint saved after this step's work was done and logged:
@@ -100,7 +100,7 @@ class PeriodicCallback(pl.Callback):
 
     def log_scalars(self, trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
         """Write ``metrics`` to every logger at ``step`` (default: the module's axis,
-        ``zoo.logs.log_step``, whichever ``unit`` schedules the callback)."""
+        ``zoo.training.logs.log_step``, whichever ``unit`` schedules the callback)."""
         log_scalars(trainer, metrics, step)
 
     def need(self, pl_module: pl.LightningModule, *methods: str) -> None:
@@ -114,7 +114,7 @@ class PeriodicCallback(pl.Callback):
 class HistoryCallback(PeriodicCallback):
     """A periodic callback that records lists under ``HISTORY_KEYS``; the record is saved in
     checkpoints (tensors and numbers only, so it loads with ``weights_only``; each list of equal
-    tensors as one, ``zoo.history``) and starts afresh at each ``fit`` before a checkpoint's state
+    tensors as one, ``zoo.training.history``) and starts afresh at each ``fit`` before a checkpoint's state
     is restored."""
 
     HISTORY_KEYS: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """Callbacks for GDLNs and ReLU nets ([H]): loss curves beside the theory, pathway singular values,
 XoR learning times (Fig. 2d-e), stereotypical runs (Fig. 6b). They read ``epoch_loss`` (name ->
-(E, epochs), every member on every rank) from ``zoo.gdln`` step outputs; theory and figures are
-the zoo's. Across processes (``zoo.distributed``) a hook that reads the module's weights gathers
+(E, epochs), every member on every rank) from ``zoo.models.gdln`` step outputs; theory and figures are
+the zoo's. Across processes (``zoo.training.distributed``) a hook that reads the module's weights gathers
 its members on every rank first (``all_members``); rank 0 alone logs and writes."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _on_host(parts: list[Tensor]) -> Tensor:
 
 
 class EpochLosses(pl.Callback):
-    """Records the loss of every epoch of a ``zoo.gdln`` module (every model of a ``Comparison``):
+    """Records the loss of every epoch of a ``zoo.models.gdln`` module (every model of a ``Comparison``):
     ``curves[name]``, chunks of (epochs, E). When several train together, the later ones read the
     first one's record (``record``): 100 runs x 20,000 epochs are 16 MB per copy."""
 
@@ -57,7 +57,7 @@ class EpochLosses(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not callable(getattr(pl_module, "networks", None)):
-            raise TypeError(f"{type(self).__name__} needs a zoo.gdln module; {type(pl_module).__name__} is not one")
+            raise TypeError(f"{type(self).__name__} needs a zoo.models.gdln module; {type(pl_module).__name__} is not one")
         self.record = next(c for c in trainer.callbacks if isinstance(c, EpochLosses))
         names = list(pl_module.networks())
         recorded = sum(len(L) for L in self.curves.get(names[0], []))
@@ -170,7 +170,7 @@ class PathwaySingularValues(HistoryCallback):
             raise TypeError("PathwaySingularValues needs a GDLN (or a Comparison holding one)")
         self.race = {n: m.predicted_pathway_strengths(dm.X, dm.Y, _total_epochs(trainer, pl_module), self.n_modes,
                                                       self.every_n_steps) for n, m in self.gdlns.items()}
-        # the resumed run's TensorBoard starts at this epoch (zoo.resume_events): log again
+        # the resumed run's TensorBoard starts at this epoch (zoo.training.resume_events): log again
         # what was recorded here before the checkpoint
         if resuming(trainer) and self.history["epochs"] and self.history["epochs"][-1] == self.now:
             self._log(trainer, self.now, self.history["sv"][-1])

@@ -1,7 +1,7 @@
 """Callbacks for finding a ReLU net's ReLN ([H] App. B, Figs. 8-9) and for the MDS of hidden
-representations ([H] Figs. 3-4). They record and log; the k-means and the MDS are ``zoo.reln``'s,
+representations ([H] Figs. 3-4). They record and log; the k-means and the MDS are ``zoo.models.reln``'s,
 the figures ``zoo.plots.gdln``'s; the GDLN per k that imitates the ReLU net is a fit of its own
-(``zoo.reln_imitation``)."""
+(``zoo.models.reln_imitation``)."""
 from __future__ import annotations
 
 import lightning.pytorch as pl
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from callbacks.base import HistoryCallback, check_count, log_figure, log_matrix, resuming
-from zoo import reln
+from zoo.models import reln
 from zoo.plots import gdln as plots
 
 
@@ -32,10 +32,10 @@ class ActivationPatterns(HistoryCallback):
     last) of a ReLU net (``model`` in a Comparison, default its first). At epoch 0 and every
     ``every_n_epochs`` (Alg. 1: 100; at the first step end past each multiple) every unit's binary
     pattern over the data is kept as a row (all members: Alg. 1's runs), with the net's outputs;
-    the record is in the callback's checkpointed state. At the end ``zoo.reln.centroids_per_k``
+    the record is in the callback's checkpointed state. At the end ``zoo.models.reln.centroids_per_k``
     k-means the rows for each k in ``ks`` (images ``reln/centroids/k<k>``, PNG ``reln_gates.png``,
     ``reln_layer<l>_gates.png`` for a deeper net). The GDLN per k and the elbow ([H] Fig. 9) are
-    phase 2, a fit of their own that reads this run's checkpoint (``zoo.reln_imitation.ImitationGDLNs``);
+    phase 2, a fit of their own that reads this run's checkpoint (``zoo.models.reln_imitation.ImitationGDLNs``);
     ``elbow`` stays only to say so."""
 
     unit = "epochs"
@@ -60,7 +60,7 @@ class ActivationPatterns(HistoryCallback):
         return self._generate_state_key(layer=self.layer, model=self.model, every_n_epochs=self.every_n_steps)
 
     def state_dict(self) -> dict:
-        # what phase 2 (zoo.reln_imitation) reads besides the record: which network and layer it is of
+        # what phase 2 (zoo.models.reln_imitation) reads besides the record: which network and layer it is of
         if self.name is None:
             return super().state_dict()
         n = len(self.net.hidden)
@@ -99,7 +99,7 @@ class ActivationPatterns(HistoryCallback):
 
 
 class HiddenMDS(HistoryCallback):
-    """Classical MDS ([H] Figs. 3-4, ``zoo.reln.classical_mds``) in ``dim`` dimensions of the data
+    """Classical MDS ([H] Figs. 3-4, ``zoo.models.reln.classical_mds``) in ``dim`` dimensions of the data
     points' hidden activity (``layer`` of ``model``, as ActivationPatterns), distances averaged over
     members (each member's hidden basis is its own), every ``every_n_steps`` epochs: image
     ``mds/<model>``, scalar ``mds/<model>/explained`` (share of the Gram spectrum shown); at the
@@ -129,13 +129,13 @@ class HiddenMDS(HistoryCallback):
         n = len(self.net.hidden_activity(trainer.datamodule.X[:1]))
         if not -n <= self.layer < n:
             raise ValueError(f"HiddenMDS: layer = {self.layer}; allowed: -{n} .. {n - 1}")
-        # the resumed run's TensorBoard starts at this epoch (zoo.resume_events): log again
+        # the resumed run's TensorBoard starts at this epoch (zoo.training.resume_events): log again
         # what was recorded here before the checkpoint
         if resuming(trainer) and trainer.is_global_zero and self.records and self.records[-1][0] == self.now:
             self._publish(trainer, *self._embed(trainer))
 
     def _embed(self, trainer: pl.Trainer) -> tuple[Tensor, float]:
-        """The MDS coordinates (N, dim) and the share of the Gram spectrum they hold (``zoo.reln.hidden_mds``)."""
+        """The MDS coordinates (N, dim) and the share of the Gram spectrum they hold (``zoo.models.reln.hidden_mds``)."""
         H = self.net.hidden_activity(trainer.datamodule.X.to(self.net.W[0].device))[self.layer]
         return reln.hidden_mds(H, self.dim)
 

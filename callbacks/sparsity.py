@@ -2,7 +2,7 @@
 
 Every ``every_n_steps``, ``SparseAutoencoder.measure`` of every member on a fixed evaluation set
 (``window`` samples of the datamodule's ``samples(n)``; null: all, [S] Eq. 31's 60,000 points),
-logged as ``sparsity/<measure>/<label>`` (``zoo.sae.MEASURES``: eq31, l0, dead_fraction,
+logged as ``sparsity/<measure>/<label>`` (``zoo.models.sae.MEASURES``: eq31, l0, dead_fraction,
 dense_fraction, mse, explained_variance) with a histogram ``sparsity/density/<label>``; at the end
 [S] Fig. 13 (``zoo.plots.sparsity``), also written as ``sparsity_vs_v.png``. ``threshold > 0``
 asks which units respond *appreciably* (tiny encoder weights can fire on half the data while
@@ -17,9 +17,9 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.base import PeriodicCallback, log_figure
-from zoo.distributed import all_members
+from zoo.training.distributed import all_members
 from zoo.plots.sparsity import sparsity_figure
-from zoo.sae import MEASURES
+from zoo.models.sae import MEASURES
 
 
 class Sparsity(PeriodicCallback):

@@ -17,10 +17,10 @@ from torchvision.utils import make_grid
 from callbacks.base import PeriodicCallback, check_count, log_figure, log_matrix, log_scalars, warn_once, write_table
 from zoo.analysis.sweeps import group_means
 from zoo.metrics.dci import DCIMetric, DCISetting, setting_with, update_on_grid
-from zoo.distributed import all_members
-from zoo.extras import require
+from zoo.training.distributed import all_members
+from zoo.utils.extras import require
 from zoo.plots.vae import SWEEP_METRICS, sweep_figure, traversal_figure
-from zoo.vae import vae_members
+from zoo.models.vae import vae_members
 
 Setting = Literal["fast", "full"]
 DCI_KEYS = ("disentanglement", "completeness", "informativeness_test_acc", "informativeness_train_acc")
@@ -242,7 +242,7 @@ class SweepFigure(pl.Callback):
         _sampler(trainer, "SweepFigure")
         params = getattr(pl_module, "member_params", None)
         if params is None or any(self.param not in p for p in params):
-            raise TypeError(f"SweepFigure needs a zoo.vae.BetaVAESweep whose members differ in {self.param!r}; "
+            raise TypeError(f"SweepFigure needs a zoo.models.vae.BetaVAESweep whose members differ in {self.param!r}; "
                             f"got {type(pl_module).__name__}")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -6,7 +6,7 @@ posterior means ``mu`` of the MNIST images (16 numbers each in [S]) as the input
 (implicit) sparse autoencoder: batches ``(x,)``, ``x`` (B, L) float32. The codes are computed once,
 at ``setup``, in inference mode; the training order is a seeded shuffle.
 
-Instead of a checkpoint a :class:`zoo.vae.BetaVAE` itself may be passed as ``vae`` (from a
+Instead of a checkpoint a :class:`zoo.models.vae.BetaVAE` itself may be passed as ``vae`` (from a
 notebook, or an untrained one for smoke tests); exactly one of the two is required, and a
 checkpoint path that does not exist is an error naming the path, raised when the datamodule is
 built (before any training).
@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.mnist_images import MNISTImages, _positive, held_out_loader
 from datamodules.resumable import ResumableLoader, shuffled_batches
-from zoo.vae import BetaVAE
+from zoo.models.vae import BetaVAE
 
 ENCODE_CHUNK = 2048
 """Images encoded per forward pass at setup (bounds memory; the codes do not depend on it)."""
@@ -39,7 +39,7 @@ class Latents(pl.LightningDataModule):
     """Posterior means of a trained VAE's encoder on MNIST, as batches ``(x,)`` ([S] App. H).
 
     Args:
-        checkpoint: path of a :class:`zoo.vae.BetaVAE` checkpoint (phase 1's ``.ckpt``).
+        checkpoint: path of a :class:`zoo.models.vae.BetaVAE` checkpoint (phase 1's ``.ckpt``).
         vae: a BetaVAE to encode with instead of a checkpoint (give exactly one of the two).
         data_dir: the folder holding ``MNIST/raw``.
         split: ``"train"`` (the 60,000 images of [S] Eq. 31) or ``"test"``.
@@ -74,7 +74,7 @@ class Latents(pl.LightningDataModule):
                 "Train phase 1 first (`lightning fit --config recipes/specialisation/fig13_vae_mnist.yaml`) and "
                 "pass the .ckpt it writes")
         if vae is not None and not isinstance(vae, BetaVAE):
-            raise TypeError(f"{name}: vae is a {type(vae).__name__}; allowed: a zoo.vae.BetaVAE")
+            raise TypeError(f"{name}: vae is a {type(vae).__name__}; allowed: a zoo.models.vae.BetaVAE")
         # the image datamodule checks data_dir, split, num_samples, batch_size and num_workers
         self.images = MNISTImages(data_dir=data_dir, split=split, num_samples=num_samples, batch_size=batch_size,
                                   seed=seed, num_workers=num_workers)

@@ -76,7 +76,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.mnist_files import load_mnist
 from datamodules.resumable import ScheduleLoader
-from zoo.labels import member_label
+from zoo.utils.labels import member_label
 
 N_DIGITS, PER_TASK = 10, 5
 

@@ -1,7 +1,7 @@
 """MNIST images for an autoencoder: phase 1 of the implicit sparse autoencoder experiment ([S] App. H).
 
 Batches are ``(x,)`` with ``x`` (B, 1, 28, 28) float32, ``x = pixel / 255`` in [0, 1] (what
-:class:`zoo.vae.BetaVAE`'s Bernoulli reconstruction expects); ``image_shape = (1, 28, 28)`` tells the
+:class:`zoo.models.vae.BetaVAE`'s Bernoulli reconstruction expects); ``image_shape = (1, 28, 28)`` tells the
 VAE its input size before it builds. Files are read by :func:`datamodules.mnist_files.load_mnist` from
 ``data_dir/MNIST/raw`` (offline, never written: the ``.gz`` files are extracted into the cache; a
 missing or corrupt file is a clear error naming ``data_dir`` and the folder).

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
-from zoo.devices import kept_on
+from zoo.training.devices import kept_on
 
 
 class TaskModes(NamedTuple):

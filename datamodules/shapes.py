@@ -60,7 +60,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from datamodules import shapes_render as render
-from zoo.extras import require
+from zoo.utils.extras import require
 from datamodules.files import (ArrayHash, DataFileError, atomic_path, block_digests, cache_dir, checksum_block,
                                checksum_of, content_checksum, is_verified, mark_verified, remove_stale_parts,
                                writable_or_missing)

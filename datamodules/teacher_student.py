@@ -257,7 +257,7 @@ class TeacherStudent(pl.LightningDataModule):
         return [{"gamma": g} for g in self.gammas]
 
     def fisher_data(self, task: int, n: int) -> tuple[Tensor, Tensor]:
-        """Samples for an EWC Fisher at the end of ``task`` (``zoo.multihead``): :meth:`sample`."""
+        """Samples for an EWC Fisher at the end of ``task`` (``zoo.models.multihead``): :meth:`sample`."""
         return self.sample(task, n)
 
     def sample(self, task: int, n: int) -> tuple[Tensor, Tensor]:

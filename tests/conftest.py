@@ -28,7 +28,7 @@ def one_thread():
 @pytest.fixture
 def two_threads():
     """The process at 2 intra-op threads (torch's default on the 2-core machine), restored after:
-    for tests of the zoo's own scoped thread choice (zoo.threads)."""
+    for tests of the zoo's own scoped thread choice (zoo.utils.threads)."""
     yield from _threads(2)
 
 

@@ -1,4 +1,4 @@
-"""Multi-process runs for the DDP tests (``zoo.distributed``): the zoo's CLI with N CPU processes
+"""Multi-process runs for the DDP tests (``zoo.training.distributed``): the zoo's CLI with N CPU processes
 under Lightning's DDP launcher, or as the processes of simulated nodes, each run in its own folder
 so that ``lightning_logs/version_0`` is the run; and the checks the tests share (one set of files,
 results equal to the one-process run).

@@ -78,8 +78,8 @@ def student(tmp_path):
 def classifier(tmp_path):
     from datamodules.mnist import MNISTContinual
     from tests.helpers_mnist import tiny_mnist
-    from zoo.classifier import MultiHeadClassifier
-    from zoo.ewc import EWC
+    from zoo.models.classifier import MultiHeadClassifier
+    from zoo.training.ewc import EWC
 
     dm = MNISTContinual(str(tiny_mnist(tmp_path / "mnist")), shared=[0, 5], batch_size=8, steps=[2, 2], seed=0)
     # EWC: the Fisher is computed at the task switch, on the module's device
@@ -88,7 +88,7 @@ def classifier(tmp_path):
 
 def gdln(tmp_path):
     from datamodules import XorMargin
-    from zoo.gdln import GDLN
+    from zoo.models.gdln import GDLN
     from zoo.init import Gaussian
 
     net = GDLN(gating="xor", n_hidden=8, init=Gaussian(sigma=0.1), ensemble=2, lr=0.2, epochs_per_step=5)
@@ -97,7 +97,7 @@ def gdln(tmp_path):
 
 def relu_net(tmp_path):
     from datamodules import Contexts
-    from zoo.gdln import ReLUNet
+    from zoo.models.gdln import ReLUNet
     from zoo.init import Gaussian
 
     return ReLUNet(hidden=[12, 6], init=Gaussian(sigma=0.1), ensemble=2, lr=0.1, epochs_per_step=5), Contexts(3, "same"), 4
@@ -105,7 +105,7 @@ def relu_net(tmp_path):
 
 def comparison(tmp_path):
     from datamodules import XorMargin
-    from zoo.gdln import GDLN, Comparison, ReLUNet
+    from zoo.models.gdln import GDLN, Comparison, ReLUNet
     from zoo.init import Gaussian
 
     kw = dict(init=Gaussian(sigma=0.1), ensemble=2, lr=0.2)
@@ -115,7 +115,7 @@ def comparison(tmp_path):
 
 def beta_vae(tmp_path):
     from tests.helpers_vae import TinySquares
-    from zoo.vae import BetaVAE
+    from zoo.models.vae import BetaVAE
 
     net = BetaVAE(latent_dim=3, lr=1e-3, encoder_widths=[16], decoder_widths=[16])
     return net, TinySquares(batch_size=16, n_train=48), 3
@@ -124,7 +124,7 @@ def beta_vae(tmp_path):
 def beta_vae_sweep(tmp_path):
     from tests.helpers_vae import TinySquares
     from zoo.init import Gain
-    from zoo.vae import BetaVAESweep
+    from zoo.models.vae import BetaVAESweep
 
     net = BetaVAESweep(init_encoder=Gain(g=[0.5, 2.0]), seeds=[0, 1], latent_dim=3, lr=1e-3,
                        encoder_widths=[16], decoder_widths=[16])
@@ -133,7 +133,7 @@ def beta_vae_sweep(tmp_path):
 
 def sae(tmp_path):
     from zoo.init import Imbalance
-    from zoo.sae import SparseAutoencoder
+    from zoo.models.sae import SparseAutoencoder
 
     net = SparseAutoencoder(d=6, n=12, l1=[0.0, 0.05], init=Imbalance(v=[1.0, 2.0], sigma=0.3), lr=0.1)
     return net, Vectors(d=6), 3
@@ -204,7 +204,7 @@ def test_fit_on_the_accelerator_equals_the_cpu_fit(case, accelerator, cpu_runs, 
     # every tensor of the module lived where the module was put, buffers created during setup included
     assert net.devices_at_end and set(net.devices_at_end.values()) == {device_type}, \
         f"{case}: {sorted(n for n, d in net.devices_at_end.items() if d != device_type)} not on {device_type}"
-    if hasattr(net, "samples_counted"):  # zoo.progress: the host count is the buffer's
+    if hasattr(net, "samples_counted"):  # zoo.training.progress: the host count is the buffer's
         assert net.samples_seen == int(net.samples_seen_) > 0
     got = state(net)
     assert got.keys() == ref_state.keys()
@@ -241,7 +241,7 @@ def test_bf16_mixed_trains_the_image_models_close_to_float32(case, accelerator, 
 
 
 def test_samples_seen_is_read_from_the_host_and_follows_a_loaded_state():
-    from zoo.sae import SparseAutoencoder
+    from zoo.models.sae import SparseAutoencoder
 
     a, b = SparseAutoencoder(d=2, n=3), SparseAutoencoder(d=2, n=3)
     a.count_samples(5)
@@ -309,7 +309,7 @@ def test_a_run_resumed_on_the_gpu_equals_the_uninterrupted_one(tmp_path):
 
 @pytest.mark.parametrize("accelerator", ACCELERATORS)
 def test_logged_values_reach_the_host_in_one_transfer_with_their_exact_values(accelerator):
-    from zoo.logs import host_floats
+    from zoo.training.logs import host_floats
 
     device = "cuda" if accelerator == "cuda" else "cpu"
     x = torch.randn(5, generator=torch.Generator().manual_seed(0))

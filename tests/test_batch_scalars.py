@@ -1,4 +1,4 @@
-"""zoo.logs.log_batch_scalars for the GDLN modules: the rows a logger receives for ``loss``,
+"""zoo.training.logs.log_batch_scalars for the GDLN modules: the rows a logger receives for ``loss``,
 ``step`` and ``loss/<label>`` are those of logging every batch (every ``log_every_n_steps``-th
 batch of the fit, Lightning's rule), each holding the loss of its batch's first epoch at that
 epoch's step, and ``callback_metrics`` hold the last batch's loss at each epoch's end."""
@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from datamodules import XorMargin
-from zoo.gdln import GDLN, Comparison, ReLUNet
+from zoo.models.gdln import GDLN, Comparison, ReLUNet
 from zoo.init import Gaussian
 
 BATCHES, EPOCHS, K = 4, 3, 2  # batches per Lightning epoch, Lightning epochs, GD epochs per batch
@@ -109,7 +109,7 @@ def test_a_progress_bar_shows_every_batchs_loss_and_only_the_loss(tmp_path):
 
 
 class _Regression(pl.LightningModule):
-    """Automatic optimisation on fixed batches; the loss logged by ``zoo.logs.log_batch_rows``, or by
+    """Automatic optimisation on fixed batches; the loss logged by ``zoo.training.logs.log_batch_rows``, or by
     ``self.log`` (``own_rows=False``: Lightning's rows)."""
 
     def __init__(self, own_rows: bool) -> None:
@@ -117,7 +117,7 @@ class _Regression(pl.LightningModule):
         self.own_rows, self.w = own_rows, torch.nn.Parameter(torch.ones(1))
 
     def training_step(self, batch, batch_idx):
-        from zoo.logs import log_batch_rows
+        from zoo.training.logs import log_batch_rows
 
         loss = (self.w * batch[0]).pow(2).mean()
         if self.own_rows:

@@ -1,4 +1,4 @@
-"""zoo.checkpoint_checks: a checkpoint of another model, or with other settings, is refused before training."""
+"""zoo.cli.checkpoint_checks: a checkpoint of another model, or with other settings, is refused before training."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ QS = str(REPO / "recipes" / "quickstart.yaml")
 
 
 def _net(**kw):
-    from zoo.deep_linear import DeepLinearNet
+    from zoo.models.deep_linear import DeepLinearNet
 
     return DeepLinearNet(**{"dims": [4, 3, 4], "lr": 0.05, **kw})
 
@@ -25,7 +25,7 @@ def _save(path, model, class_path="zoo.DeepLinearNet", hparams=True):
 
 
 def test_a_matching_checkpoint_passes(tmp_path):
-    from zoo.checkpoint_checks import check_checkpoint
+    from zoo.cli.checkpoint_checks import check_checkpoint
 
     assert check_checkpoint(_save(tmp_path / "a.ckpt", _net()), _net()) is None
     assert check_checkpoint(None, _net()) is None
@@ -33,7 +33,7 @@ def test_a_matching_checkpoint_passes(tmp_path):
 
 
 def test_missing_and_garbage_files(tmp_path):
-    from zoo.checkpoint_checks import CheckpointMismatch, check_checkpoint
+    from zoo.cli.checkpoint_checks import CheckpointMismatch, check_checkpoint
 
     with pytest.raises(FileNotFoundError, match=r"ckpt_path = '.*nope.ckpt': no such file"):
         check_checkpoint(tmp_path / "nope.ckpt", _net())
@@ -46,8 +46,8 @@ def test_missing_and_garbage_files(tmp_path):
 
 
 def test_another_model_class_is_named_with_both_classes(tmp_path):
-    from zoo.checkpoint_checks import CheckpointMismatch, check_checkpoint
-    from zoo.student import MultiHeadStudent
+    from zoo.cli.checkpoint_checks import CheckpointMismatch, check_checkpoint
+    from zoo.models.student import MultiHeadStudent
 
     student = MultiHeadStudent(d=10)
     path = _save(tmp_path / "s.ckpt", student, class_path="zoo.MultiHeadStudent")
@@ -56,11 +56,11 @@ def test_another_model_class_is_named_with_both_classes(tmp_path):
     msg = str(err.value)
     assert "s.ckpt" in msg and "DeepLinearNet in the config" in msg and "zoo.MultiHeadStudent in the checkpoint" in msg
     # the same class under another import path (a re-export) is the same class
-    assert check_checkpoint(_save(tmp_path / "d.ckpt", _net(), "zoo.deep_linear.DeepLinearNet"), _net()) is None
+    assert check_checkpoint(_save(tmp_path / "d.ckpt", _net(), "zoo.models.deep_linear.DeepLinearNet"), _net()) is None
 
 
 def test_conflicting_hyperparameters_name_the_setting_and_both_values(tmp_path):
-    from zoo.checkpoint_checks import CheckpointMismatch, check_checkpoint, hparam_conflicts
+    from zoo.cli.checkpoint_checks import CheckpointMismatch, check_checkpoint, hparam_conflicts
 
     path = _save(tmp_path / "a.ckpt", _net())
     with pytest.raises(CheckpointMismatch) as err:
@@ -75,7 +75,7 @@ def test_conflicting_hyperparameters_name_the_setting_and_both_values(tmp_path):
 
 
 def test_without_stored_hyperparameters_the_weight_shapes_decide(tmp_path):
-    from zoo.checkpoint_checks import CheckpointMismatch, check_checkpoint
+    from zoo.cli.checkpoint_checks import CheckpointMismatch, check_checkpoint
 
     path = _save(tmp_path / "a.ckpt", _net(), hparams=False)
     assert check_checkpoint(path, _net()) is None

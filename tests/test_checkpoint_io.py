@@ -1,4 +1,4 @@
-"""zoo.checkpoint.AtomicLocalCheckpointIO: whole files or none, and RunCheckpoint's use of it (and its state key)."""
+"""zoo.training.checkpoint.AtomicLocalCheckpointIO: whole files or none, and RunCheckpoint's use of it (and its state key)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from zoo.checkpoint import AtomicLocalCheckpointIO, RunCheckpoint
+from zoo.training.checkpoint import AtomicLocalCheckpointIO, RunCheckpoint
 
 
 class Unpicklable:

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from zoo.classifier import MultiHeadClassifier
-from zoo.ewc import EWC
+from zoo.models.classifier import MultiHeadClassifier
+from zoo.training.ewc import EWC
 from zoo.init import EntropyMix, Gaussian
 
 # tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)

@@ -154,7 +154,7 @@ def test_a_comparison_from_the_cli_records_each_models_own_arguments(in_tmp):
     import yaml
 
     from datamodules.contexts import Contexts
-    from zoo.gdln import Comparison
+    from zoo.models.gdln import Comparison
 
     (in_tmp / "cmp.yaml").write_text(textwrap.dedent("""
         model:
@@ -224,7 +224,7 @@ def test_a_linked_value_given_to_the_model_too_must_agree():
     from jsonargparse import Namespace
 
     from zoo.cli import linked_conflicts
-    from zoo.student import MultiHeadStudent
+    from zoo.models.student import MultiHeadStudent
 
     class Mine(MultiHeadStudent):
         def __init__(self, scale: float = 1.0, **kwargs) -> None:
@@ -318,7 +318,7 @@ def _printed(out: str, name: str) -> float:
 def test_validate_and_test_evaluate_the_newest_runs_last_checkpoint(in_tmp, capsys):
     import torch
 
-    from zoo.checkpoint import RunCheckpoint
+    from zoo.training.checkpoint import RunCheckpoint
     from zoo.cli import main
 
     run_cli("fit", *TINY, "--trainer.max_epochs=3")

@@ -1,6 +1,6 @@
 """Data-parallel runs (every process holds every member, each trains on its own part of the data)
-stay one run: ``samples_seen`` is the run's count on every rank (zoo.progress) and an ensemble's
-drop-outs are the same on every rank (zoo.divergence, ``replicated``), so the replicas stay equal.
+stay one run: ``samples_seen`` is the run's count on every rank (zoo.training.progress) and an ensemble's
+drop-outs are the same on every rank (zoo.training.divergence, ``replicated``), so the replicas stay equal.
 
 The runs are 2 CPU processes forked from this one (tests/helpers_ddp; about 1 s each, in the slow
 tier with the other multi-process runs); an ensemble trains data-parallel under Lightning's plain
@@ -21,8 +21,8 @@ from helpers_ddp import RANK_STATE, assert_close_results, fit_one, in_process_gr
 from tests.helpers_mnist import tiny_mnist
 from datamodules import WhitenedRegression
 from datamodules.regression import EpochShuffle
-from zoo.divergence import DivergenceError, drop_diverged
-from zoo.sae import SparseAutoencoder
+from zoo.training.divergence import DivergenceError, drop_diverged
+from zoo.models.sae import SparseAutoencoder
 
 NAN = math.nan
 PLAIN_DDP = "ddp_find_unused_parameters_false"
@@ -84,7 +84,7 @@ def _sae_config(folder: Path) -> list[str]:
             "--model.init_args.init=zoo.init.Imbalance", "--model.init_args.init.init_args.v=4.0",
             "--model.init_args.on_divergence=drop", "--seed_everything=0",
             "--data=datamodules.latents.Latents", "--data.init_args.checkpoint=null", f"--data.init_args.data_dir={data}",
-            "--data.init_args.vae=zoo.vae.BetaVAE", "--data.init_args.vae.latent_dim=16",
+            "--data.init_args.vae=zoo.models.vae.BetaVAE", "--data.init_args.vae.latent_dim=16",
             "--data.init_args.vae.encoder_widths=[8]", "--data.init_args.vae.decoder_widths=[8]",
             "--trainer.max_steps=3", "--trainer.logger=false", "--trainer.enable_checkpointing=false", RANK_STATE]
 
@@ -114,7 +114,7 @@ data: {class_path: WhitenedRegression, init_args: {n_in: 4, n_out: 4, num_sample
 XOR = """\
 seed_everything: 0
 model:
-  class_path: zoo.gdln.GDLN
+  class_path: zoo.models.gdln.GDLN
   init_args: {gating: xor, n_hidden: 4, init: {class_path: zoo.init.Gaussian, init_args: {sigma: 0.01}}, lr: 0.4,
               epochs_per_step: 5}
 data:

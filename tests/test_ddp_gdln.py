@@ -1,4 +1,4 @@
-"""GDLNs and ReLU nets across processes (zoo.distributed): [H] Fig. 2's comparison of a ReLU net
+"""GDLNs and ReLU nets across processes (zoo.training.distributed): [H] Fig. 2's comparison of a ReLU net
 with the linear and XoR GDLNs on XoR margins, its ensemble of 3 (one margin each) shared by 2
 processes (2 members and 1), equals the one-process run bit for bit: weights, every scalar, every
 figure; and the files are written once. The slicing itself is checked in-process first."""
@@ -12,7 +12,7 @@ import torch
 from datamodules.xor import XorMargin
 from helpers_ddp import assert_one_set, fit_one, run_forked, written_files
 from resume_harness import assert_same_run
-from zoo.gdln import GDLN, Comparison, ReLUNet
+from zoo.models.gdln import GDLN, Comparison, ReLUNet
 from zoo.init import Gaussian
 
 DELTAS = [0.3, 1.0, 1.7]
@@ -21,18 +21,18 @@ DELTAS = [0.3, 1.0, 1.7]
 CONFIG = f"""
 seed_everything: 0
 model:
-  class_path: zoo.gdln.Comparison
+  class_path: zoo.models.gdln.Comparison
   init_args:
     names: [ReLU, linear_GDLN, XoR_GDLN]
     epochs_per_step: 10
     models:
-      - class_path: zoo.gdln.ReLUNet
+      - class_path: zoo.models.gdln.ReLUNet
         init_args: {{hidden: [8, 8], init: {{class_path: zoo.init.Gaussian, init_args: {{sigma: 0.01}}}},
                     lr: 0.4, reduction: mean, ensemble: 3}}
-      - class_path: zoo.gdln.GDLN
+      - class_path: zoo.models.gdln.GDLN
         init_args: {{gating: linear, n_hidden: 4, init: {{class_path: zoo.init.Gaussian, init_args: {{sigma: 0.01}}}},
                     lr: 0.4, reduction: mean, ensemble: 3}}
-      - class_path: zoo.gdln.GDLN
+      - class_path: zoo.models.gdln.GDLN
         init_args: {{gating: xor, n_hidden: 4, init: {{class_path: zoo.init.Gaussian, init_args: {{sigma: 0.01}}}},
                     lr: 0.4, reduction: mean, ensemble: 3}}
 data:

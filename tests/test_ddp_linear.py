@@ -1,4 +1,4 @@
-"""DeepLinearNet ensembles across processes (``zoo.distributed``, member-parallel): with 2 CPU
+"""DeepLinearNet ensembles across processes (``zoo.training.distributed``, member-parallel): with 2 CPU
 processes (Lightning's DDP launcher) or 2 simulated nodes of one process each, every rank trains
 its slice of the members on the whole data, and the run equals the one-process run bit for bit:
 final weights, every TensorBoard scalar, every figure, and one set of files (rank 1 writes
@@ -16,7 +16,7 @@ import torch
 from helpers_ddp import assert_one_set, assert_same_results, fit_one, run_forked, start_ddp
 from resume_harness import REPO, assert_same_run, checkpoint_step
 
-from zoo.distributed import member_bounds
+from zoo.training.distributed import member_bounds
 
 # the quickstart (E = 5), with epochs of 50 steps so that a validation (gathered val/mse) falls in each part
 QUICKSTART = ["--config", str(REPO / "recipes/quickstart.yaml"), "--data.init_args.batches_per_epoch=5"]
@@ -111,7 +111,7 @@ def test_checkpoint_of_two_processes_resumes_on_one(quickstart, tmp_path):
 @pytest.mark.slow
 def test_checkpoint_of_two_processes_resumes_on_two(quickstart, tmp_path):
     """Resumed on 2 processes, the stopped run's TensorBoard points at its checkpoint's step are
-    written back once (by rank 0: zoo.resume_events) and the run ends as the uninterrupted one."""
+    written back once (by rank 0: zoo.training.resume_events) and the run ends as the uninterrupted one."""
     _, two_folder, _, full = quickstart
     shutil.copytree(two_folder, tmp_path, dirs_exist_ok=True)
     run = start_ddp(tmp_path, *QUICKSTART, "--trainer.max_steps=100", "--ckpt_path", "last")()

@@ -1,4 +1,4 @@
-"""The multi-head ensembles across two CPU processes (``--trainer.strategy=ddp``, ``zoo.distributed``):
+"""The multi-head ensembles across two CPU processes (``--trainer.strategy=ddp``, ``zoo.training.distributed``):
 a teacher-student ensemble through its task switch (EWC anchors, forgetting table and figures) and
 the MNIST classifier ensemble train member-parallel to the same bits as one process; a single
 classifier trains data-parallel to the one-process run within float rounding.
@@ -20,7 +20,7 @@ from helpers_ddp import fit_one, run_forked
 from resume_harness import REPO, assert_same_run, scalars, weights
 from tests.helpers_mnist import tiny_mnist
 from zoo import MultiHeadClassifier, MultiHeadStudent
-from zoo.ewc import EWC
+from zoo.training.ewc import EWC
 from zoo.init import Gaussian, Polar
 
 STUDENT = [

@@ -2,7 +2,7 @@
 ensemble trained member-parallel by 2 CPU processes (gloo, ``--trainer.devices=2 --trainer.strategy=ddp``) equal the
 single-process run bit for bit: the final checkpoint (every member's weights and Adam state, the
 noise generator's state), the logged scalars and the figures. Each rank trains its own members on
-the whole stream (zoo.distributed); the sweep's members draw their noise in turn from one
+the whole stream (zoo.training.distributed); the sweep's members draw their noise in turn from one
 generator, so a rank also draws (and drops) the noise of the members it does not train.
 
 Both runs use one thread per process: a float reduction split over another number of threads may
@@ -96,7 +96,7 @@ def sae_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sae")
     data = tiny_mnist(tmp / "mnist")
     args = ["--config", str(RECIPES / "fig13_isae.yaml"), "--trainer.max_steps=6",
-            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.vae.BetaVAE",
+            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.models.vae.BetaVAE",
             "--data.init_args.vae.latent_dim=16", "--data.init_args.vae.encoder_widths=[8]",
             "--data.init_args.vae.decoder_widths=[8]", f"--data.init_args.data_dir={data}",
             "--data.init_args.batch_size=16", "--model.init_args.n=32", "--model.init_args.grid=false",
@@ -118,7 +118,7 @@ def test_sparse_autoencoder_ensemble_on_two_processes_equals_one(sae_runs):
 
 # -- one SparseAutoencoder: nothing to shard, so data-parallel (EnsembleDDP shards 2 members or more) ------
 SAE_ARGS = ["--config", str(RECIPES / "fig13_isae.yaml"), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.vae.BetaVAE",
+            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.models.vae.BetaVAE",
             "--data.init_args.vae.latent_dim=16", "--data.init_args.vae.encoder_widths=[8]",
             "--data.init_args.vae.decoder_widths=[8]", "--model.init_args.n=32", "--model.init_args.grid=false",
             "--model.init_args.l1=0.001", "--model.init_args.lr=0.01", "--model.init_args.init.init_args.v=4.0",
@@ -131,8 +131,8 @@ def test_one_sparse_autoencoder_trains_data_parallel_with_metrics_over_all_ranks
     batch (DDP averages the gradients) and validates on its half of the held-out codes, and the
     metrics sum both halves' states, so the logged values are those of all the held-out codes."""
     from datamodules.latents import Latents
-    from zoo.sae import MEASURES, SparseAutoencoder
-    from zoo.vae import BetaVAE
+    from zoo.models.sae import MEASURES, SparseAutoencoder
+    from zoo.models.vae import BetaVAE
 
     data = tiny_mnist(tmp_path / "mnist")
     args = [*SAE_ARGS, f"--data.init_args.data_dir={data}"]
@@ -181,7 +181,7 @@ def data_parallel_runs(tmp_path_factory):
 @slow
 def test_one_beta_vae_trains_data_parallel_with_metrics_over_all_ranks(data_parallel_runs):
     from datamodules.mnist_images import MNISTImages
-    from zoo.vae import BetaVAE
+    from zoo.models.vae import BetaVAE
 
     tmp = data_parallel_runs
     assert [p.name for p in (tmp / "p2/checkpoints/fig13").iterdir()] == ["vae_mnist.ckpt"]  # once, by rank 0
@@ -236,7 +236,7 @@ BF16_RTOL = 2.0 ** -8
 
 def test_beta_vae_sweep_trains_under_bf16_autocast_close_to_fp32(tmp_path, one_thread):
     from tests.helpers_vae import TinySquares
-    from zoo.vae import BetaVAESweep
+    from zoo.models.vae import BetaVAESweep
 
     def make():
         return BetaVAESweep(seeds=[0, 1], encoder_widths=[32, 16], decoder_widths=[16, 32], lr=1e-3, latent_dim=4)
@@ -254,7 +254,7 @@ def test_sparse_autoencoder_trains_under_bf16_autocast_close_to_fp32(tmp_path, o
     from torch.utils.data import DataLoader, TensorDataset
 
     from zoo.init import Imbalance
-    from zoo.sae import SparseAutoencoder
+    from zoo.models.sae import SparseAutoencoder
 
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(x), batch_size=16)
@@ -274,7 +274,7 @@ def test_sparse_autoencoder_trains_under_bf16_autocast_close_to_fp32(tmp_path, o
 def test_mnist_is_extracted_in_prepare_data_and_setup_only_reads(tmp_path, monkeypatch):
     from datamodules import mnist_files
     from datamodules.latents import Latents
-    from zoo.vae import BetaVAE
+    from zoo.models.vae import BetaVAE
 
     monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
     root = tiny_mnist(tmp_path / "data", gz=True)

@@ -8,7 +8,7 @@ import torch
 
 from datamodules import SemanticHierarchy, WhitenedRegression
 from zoo import DeepLinearNet, DivergenceError
-from zoo.gdln_fast import GradientDescent
+from zoo.kernels.gdln import GradientDescent
 from zoo.init import Gaussian, LambdaBalanced
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -85,7 +85,7 @@ def test_a_divergence_inside_a_batch_names_its_first_step_and_member(steps_per_b
 
 class EveryUpdate(pl.Callback):
     """A hook Lightning calls before every optimizer update: with it, each update goes through
-    ``LightningOptimizer.step`` (zoo.steps), the path of a run without the direct updates."""
+    ``LightningOptimizer.step`` (zoo.training.steps), the path of a run without the direct updates."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -101,7 +101,7 @@ class TorchSGD(DeepLinearNet):
 
 @pytest.mark.parametrize("steps_per_batch", [1, 4])
 def test_direct_updates_give_the_bits_and_steps_of_updates_through_lightning(steps_per_batch):
-    """The default run (the optimizer's own step, counted by zoo.steps) against every update through
+    """The default run (the optimizer's own step, counted by zoo.training.steps) against every update through
     Lightning's step (a hook that needs each one), and against torch's SGD as the optimizer."""
     def run(cls, callbacks=()):
         net = cls(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.1), lr=0.05, steps_per_batch=steps_per_batch)
@@ -199,7 +199,7 @@ def test_logged_rows_are_every_nth_batch_at_the_step_of_their_loss():
 
 def test_two_layer_gradients_in_reused_tensors_are_closed_form_gradients_bit_for_bit():
     """Across calls that change the batch (a smaller last minibatch) and the members, and back."""
-    from zoo.deep_linear import TwoLayerGradients, closed_form_gradients, half_mean_squared
+    from zoo.models.deep_linear import TwoLayerGradients, closed_form_gradients, half_mean_squared
 
     g = torch.Generator().manual_seed(0)
     two = TwoLayerGradients()

@@ -1,4 +1,4 @@
-"""zoo.divergence: which members and steps a DivergenceError names, one decision for all ranks."""
+"""zoo.training.divergence: which members and steps a DivergenceError names, one decision for all ranks."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zoo.divergence import DivergenceError, check_finite, drop_diverged
+from zoo.training.divergence import DivergenceError, check_finite, drop_diverged
 
 NAN, INF = math.nan, math.inf
 

@@ -85,7 +85,7 @@ def test_site_builds_strict(tmp_path):
     assert 'id="corrections"' in theory and 'class="arithmatex"' in theory
     # mkdocstrings rendered the API from the docstrings (not an empty page)
     models = (site / "api" / "models" / "index.html").read_text(encoding="utf-8")
-    assert "zoo.deep_linear.DeepLinearNet" in models and "losses_and_gradients" in models
+    assert "zoo.models.deep_linear.DeepLinearNet" in models and "losses_and_gradients" in models
     # docs/api/rst_roles.py turned the docstrings' reStructuredText roles into code
     theory_api = (site / "api" / "theory" / "index.html").read_text(encoding="utf-8")
     assert ":func:" not in theory_api and "<code>omega</code>" in theory_api

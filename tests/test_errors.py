@@ -133,7 +133,7 @@ CASES = [
 
 def _make_files(tmp):
     """The YAML configs, checkpoints and data folders that CASES refer to."""
-    from zoo.student import MultiHeadStudent
+    from zoo.models.student import MultiHeadStudent
 
     (tmp / "nan_lr.yaml").write_text(open(QS).read().replace("lr: 0.05", "lr: .nan"))
     (tmp / "neg_sigma.yaml").write_text(textwrap.dedent("""
@@ -292,7 +292,7 @@ def test_build_cli_keeps_raising_the_exception(in_tmp):
 
 
 def test_nan_and_inf_on_the_command_line_are_yaml_floats():
-    from zoo.errors import yaml_non_finite
+    from zoo.cli.errors import yaml_non_finite
 
     assert yaml_non_finite(["fit", "--a=nan", "--b", "-inf", "--c=[0.0,NaN]", "--d=info", "--e", "x"]) == \
         ["fit", "--a=.nan", "--b=-.inf", "--c=[0.0,.nan]", "--d=info", "--e", "x"]

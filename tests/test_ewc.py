@@ -9,10 +9,10 @@ import torch
 
 from datamodules import TeacherStudent
 from zoo import MultiHeadStudent
-from zoo.ewc import EWC, EWCState
+from zoo.training.ewc import EWC, EWCState
 from zoo.init import Gaussian, Polar
 from helpers_trainer import trainer
-from zoo.student import phi
+from zoo.models.student import phi
 
 # tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Optional dependencies (zoo.extras): a missing one stops its part before training, naming the pip
+"""Optional dependencies (zoo.utils.extras): a missing one stops its part before training, naming the pip
 extra that installs it, and that extra (pyproject.toml) does install it."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from tests.conftest import REPO
-from zoo.extras import MissingExtra, require
+from zoo.utils.extras import MissingExtra, require
 
 EXTRAS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 

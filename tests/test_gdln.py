@@ -1,4 +1,4 @@
-"""zoo.gdln: hand-written gradients against autograd, GDLN simulations against the theory, ReLU
+"""zoo.models.gdln: hand-written gradients against autograd, GDLN simulations against the theory, ReLU
 nets against their ReLNs ([H] Fig. 2d, Secs. 4-5 acceptance), and the Lightning path."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
-from zoo.divergence import DivergenceError
-from zoo.gdln import GDLN, Comparison, ReLUNet
+from zoo.training.divergence import DivergenceError
+from zoo.models.gdln import GDLN, Comparison, ReLUNet
 from zoo.init import Gaussian
 from zoo.theory import gdln as th
 
@@ -199,7 +199,7 @@ def test_comparison_records_its_models_and_loads_from_a_checkpoint(tmp_path):
     trainer.fit(module, datamodule=dm)
     saved = yaml.safe_load((tmp_path / "tb" / "version_0" / "hparams.yaml").read_text())
     assert saved["names"] == ["relu", "reln"] and saved["epochs_per_step"] == 10
-    assert [m["class_path"] for m in saved["models"]] == ["zoo.gdln.ReLUNet", "zoo.gdln.GDLN"]
+    assert [m["class_path"] for m in saved["models"]] == ["zoo.models.gdln.ReLUNet", "zoo.models.gdln.GDLN"]
     assert saved["models"][0]["init_args"]["hidden"] == [20, 7]
     assert saved["models"][1]["init_args"]["context_init_gain"] == 2.0
     trainer.save_checkpoint(ckpt := tmp_path / "c.ckpt")
@@ -356,7 +356,7 @@ def test_checkpoints_load_without_the_datamodule_and_resume(tmp_path, make):
     same outputs, same next steps; and a fit resumed from it ends where an uninterrupted fit ends."""
     import lightning.pytorch as pl
 
-    from zoo.gdln_depth import DepthGDLN
+    from zoo.models.gdln_depth import DepthGDLN
 
     dm = Contexts(3, "same")
     kw = dict(init=Gaussian(sigma=0.01), epochs_per_step=10, ensemble=2)

@@ -1,4 +1,4 @@
-"""zoo.gdln_depth.DepthGDLN ([H] Sec. 6, Fig. 6): hand-written gradients against autograd, the all-on
+"""zoo.models.gdln_depth.DepthGDLN ([H] Sec. 6, Fig. 6): hand-written gradients against autograd, the all-on
 case against a three-layer linear network, pathway maps against the forward pass; callbacks.gdln
 (the stereotypical run of [H] Fig. 6b) on hand-made curves and on a tiny Comparison run."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from callbacks.gdln import StereotypicalLoss
 from zoo.analysis.gdln import stereotypical_member
 from datamodules.contexts import Contexts
-from zoo.gdln import Comparison, ReLUNet
-from zoo.gdln_depth import DepthGDLN
+from zoo.models.gdln import Comparison, ReLUNet
+from zoo.models.gdln_depth import DepthGDLN
 from zoo.init import Gaussian
 from zoo.theory.gdln import Gating
 

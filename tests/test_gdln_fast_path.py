@@ -1,4 +1,4 @@
-"""zoo.gdln_fast: the reused-tensor epoch of one-hidden-layer nets and the plain GD optimizer give
+"""zoo.kernels.gdln: the reused-tensor epoch of one-hidden-layer nets and the plain GD optimizer give
 the bits of the generic hand-written path (``FullBatchNet._grads`` + ``torch.optim.SGD``)."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import lightning.pytorch as pl
 
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
-from zoo.gdln import GDLN, Comparison, ReLUNet
-from zoo import gdln_fast
-from zoo.gdln_fast import GradientDescent, PlainUpdate, TwoLayerEpoch
+from zoo.models.gdln import GDLN, Comparison, ReLUNet
+from zoo.kernels import gdln as gdln_fast
+from zoo.kernels.gdln import GradientDescent, PlainUpdate, TwoLayerEpoch
 from zoo.init import Gaussian
-from zoo.steps import direct_updates_allowed
+from zoo.training.steps import direct_updates_allowed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -189,7 +189,7 @@ def test_trainer_path_is_run_epochs_bits(tmp_path):
 
 class EveryUpdate(pl.Callback):
     """A hook Lightning calls at every optimizer step: its presence sends each epoch's update
-    through ``LightningOptimizer.step`` (zoo.steps)."""
+    through ``LightningOptimizer.step`` (zoo.training.steps)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -218,7 +218,7 @@ def _fit(module, dm, max_steps: int, callbacks=()):
 
 @pytest.mark.parametrize("comparison", [False, True])
 def test_direct_updates_are_lightnings_steps_to_the_bit(comparison):
-    """Epochs applied by the optimizer itself (zoo.steps.Updates) and epochs through Lightning's
+    """Epochs applied by the optimizer itself (zoo.training.steps.Updates) and epochs through Lightning's
     optimizer step (forced by a per-step hook) give the same weights, losses, global_step and loop
     state; the hook sees every epoch. Also for a Comparison (models in lockstep)."""
     def make():

@@ -1,4 +1,4 @@
-"""Override points of zoo.gdln (README table) and Lightning's own machinery: a subclass defined here
+"""Override points of zoo.models.gdln (README table) and Lightning's own machinery: a subclass defined here
 changes what is trained, checked against an autograd SGD loop written here; ``global_step``
 counts GD updates; ``trainer.test`` / ``lightning test --ckpt_path`` report the MSE of every
 network, checked against the outputs of the checkpoint's weights."""
@@ -10,7 +10,7 @@ import torch
 
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
-from zoo.gdln import GDLN, Comparison, ReLUNet
+from zoo.models.gdln import GDLN, Comparison, ReLUNet
 from zoo.init import Gaussian
 
 pytestmark = pytest.mark.usefixtures("one_thread")

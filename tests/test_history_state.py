@@ -1,4 +1,4 @@
-"""A callback's record in a checkpoint (``zoo.history``): each list of equal tensors stored as one
+"""A callback's record in a checkpoint (``zoo.training.history``): each list of equal tensors stored as one
 tensor, given back as the same list; everything else, and records saved before, as they are."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 import torch
 
 from callbacks.singular_values import SingularValues
-from zoo.history import STACKED, packed, unpacked
+from zoo.training.history import STACKED, packed, unpacked
 
 
 def tensors_in(obj) -> int:

@@ -63,7 +63,7 @@ def test_modules_built_inside_another_record_their_own_arguments(in_tmp):
                   "--model.init_args.decoder_widths=[4]"], run=False)
     sweep = cli.model
     # the configured module keeps the CLI's record (load_from_checkpoint rebuilds it from that)
-    assert sweep.hparams["_class_path"] in ("zoo.BetaVAESweep", "zoo.vae.BetaVAESweep")
+    assert sweep.hparams["_class_path"] in ("zoo.BetaVAESweep", "zoo.models.vae.BetaVAESweep")
     assert sweep.hparams["_instantiator"] == "lightning.pytorch.cli.instantiate_module"
     members = [dict(m.hparams) for m in sweep.members]
     assert all("_class_path" not in m and "_instantiator" not in m and m["beta"] == 3.0 for m in members)

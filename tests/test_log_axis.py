@@ -1,4 +1,4 @@
-"""One x-axis for every scalar of a run (zoo.logs.log_step): a value measured on the weights after x
+"""One x-axis for every scalar of a run (zoo.training.logs.log_step): a value measured on the weights after x
 updates is logged at x, on the module's axis (``global_step``; ``samples_seen`` for the
 teacher-student students), and a callback logs there whatever unit it schedules on."""
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _steps(events, prefix: str) -> list[int]:
 def test_deep_linear_loss_and_callbacks_count_gd_steps(tmp_path, one_thread):
     from callbacks.singular_values import SingularValues
     from datamodules.regression import SemanticHierarchy
-    from zoo.deep_linear import DeepLinearNet
+    from zoo.models.deep_linear import DeepLinearNet
 
     net = DeepLinearNet(dims=[8, 8, 8], lr=0.05, steps_per_batch=10)
     W0 = [W.detach().clone() for W in net.W]
@@ -55,7 +55,7 @@ def test_deep_linear_loss_and_callbacks_count_gd_steps(tmp_path, one_thread):
 def test_gdln_loss_and_callbacks_count_epochs(tmp_path, one_thread):
     from callbacks.gdln import PathwaySingularValues
     from datamodules import XorMargin
-    from zoo.gdln import GDLN
+    from zoo.models.gdln import GDLN
     from zoo.init import Gaussian
 
     net = GDLN(gating="xor", n_hidden=8, init=Gaussian(sigma=0.1), lr=0.2, epochs_per_step=5)
@@ -83,7 +83,7 @@ def test_student_loss_and_callbacks_count_sgd_steps(tmp_path, one_thread):
 def test_a_callback_on_samples_logs_on_the_classifier_steps(tmp_path, one_thread):
     from callbacks.forgetting import Forgetting
     from datamodules.mnist import MNISTContinual
-    from zoo.classifier import MultiHeadClassifier
+    from zoo.models.classifier import MultiHeadClassifier
 
     dm = MNISTContinual(str(tiny_mnist(tmp_path / "mnist")), shared=[0], batch_size=8, steps=[3, 3], seed=0)
     # scheduled every 16 training samples (2 batches of 8), the Forgetting default unit

@@ -1,4 +1,4 @@
-"""Per-member evaluation metrics of a sharded ensemble (``zoo.distributed.set_metric_sync``,
+"""Per-member evaluation metrics of a sharded ensemble (``zoo.training.distributed.set_metric_sync``,
 ``MemberParallel.member_metrics``): while each process holds a slice of the members, a metric's
 states are that slice's and must not be summed over the processes (the zoo gathers the computed
 values instead); once the members are whole again (one process, data-parallel) they reduce
@@ -14,7 +14,7 @@ from torchmetrics import Metric
 from torchmetrics.aggregation import SumMetric
 from torchmetrics.regression import MeanSquaredError
 
-from zoo.distributed import member_bounds, set_metric_sync
+from zoo.training.distributed import member_bounds, set_metric_sync
 
 
 def _twice(t: torch.Tensor, group=None) -> list[torch.Tensor]:
@@ -59,9 +59,9 @@ def _members(name: str):
     """A tiny ensemble of 3 members of each module that keeps per-member metrics."""
     from zoo import DeepLinearNet
     from zoo.init import Gaussian, Imbalance, LambdaBalanced, Polar
-    from zoo.sae import SparseAutoencoder
-    from zoo.student import MultiHeadStudent
-    from zoo.vae import BetaVAESweep
+    from zoo.models.sae import SparseAutoencoder
+    from zoo.models.student import MultiHeadStudent
+    from zoo.models.vae import BetaVAESweep
 
     if name == "deep_linear":
         return DeepLinearNet(dims=[2, 2, 2], init=LambdaBalanced(lam=[-1.0, 0.0, 1.0]))
@@ -100,7 +100,7 @@ def test_a_sharded_module_keeps_its_metrics_local_and_whole_again_syncs(name, mo
 
 def _sae():
     from zoo.init import Imbalance
-    from zoo.sae import SparseAutoencoder
+    from zoo.models.sae import SparseAutoencoder
 
     return SparseAutoencoder(d=4, n=8, l1=[0.0, 0.1, 0.2], init=Imbalance(v=[1.0, 2.0, 4.0], sigma=0.5))
 
@@ -109,7 +109,7 @@ DATA = torch.randn(12, 4, generator=torch.Generator().manual_seed(1))
 
 
 def _measures(net) -> dict[str, torch.Tensor]:
-    from zoo.sae import MEASURES
+    from zoo.models.sae import MEASURES
 
     counts, reconstruction = net.eval_metrics["val"]
     out = {**counts.compute(), **reconstruction.compute()}
@@ -127,7 +127,7 @@ def _sae_rank(rank: int, world: int) -> dict:
 
 
 def test_on_two_processes_sharded_metrics_are_each_ranks_and_whole_ones_sum(tmp_path, one_thread):
-    from zoo.sae import MEASURES
+    from zoo.models.sae import MEASURES
 
     ranks = in_process_group(tmp_path, _sae_rank)
     reference = {k: v.float() for k, v in _sae().measure(DATA).items()}

@@ -225,8 +225,8 @@ def test_trains_a_multi_head_classifier_with_ewc(tiny):
     # the batch format is what zoo.MultiHeadClassifier consumes, one member per data set
     import lightning.pytorch as pl
 
-    from zoo.classifier import MultiHeadClassifier
-    from zoo.ewc import EWC
+    from zoo.models.classifier import MultiHeadClassifier
+    from zoo.training.ewc import EWC
 
     dm = MNISTContinual(str(tiny), shared=[0, 5], batch_size=8, steps=[5, 5], seed=0)
     net = MultiHeadClassifier(hidden=16, n_classes=5, ewc=EWC(xi=1.0, samples=20))

@@ -18,7 +18,7 @@ from datamodules.mnist import MNISTContinual
 from tests.conftest import REPO, run_cli
 from tests.helpers_mnist import tiny_mnist
 from zoo import MultiHeadStudent
-from zoo.classifier import MultiHeadClassifier
+from zoo.models.classifier import MultiHeadClassifier
 from zoo.init import EntropyMix, Gaussian, Polar
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny networks (conftest.one_thread)

@@ -1,5 +1,5 @@
 """A CLI run shows no Lightning advertisement and no third-party deprecation, and leaves every
-filter as it found it (zoo.quiet); the zoo's own and Lightning's other warnings still come through."""
+filter as it found it (zoo.cli.quiet); the zoo's own and Lightning's other warnings still come through."""
 from __future__ import annotations
 
 import logging
@@ -8,10 +8,10 @@ import warnings
 import pytest
 
 from conftest import REPO, run_cli
-from zoo.quiet import TIP_LOGGER, quiet_run
+from zoo.cli.quiet import TIP_LOGGER, quiet_run
 
 # a GDLN on the contexts task: full-batch, no validation loader in fit ([]), Lightning's pytree per batch
-GDLN = ["--model=zoo.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_args.n_hidden=4",
+GDLN = ["--model=zoo.models.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_args.n_hidden=4",
         "--model.init_args.epochs_per_step=5", "--data=datamodules.contexts.Contexts", "--trainer.max_steps=10",
         "--trainer.max_epochs=-1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 QS = ["--config", f"{REPO}/recipes/quickstart.yaml", "--trainer.max_steps=20", "--trainer.enable_progress_bar=false",
@@ -89,7 +89,7 @@ def test_an_image_callback_shows_every_member_or_says_how_many_it_left_out(tmp_p
 
     from callbacks.balance import Balance
     from datamodules.regression import SemanticHierarchy
-    from zoo.deep_linear import DeepLinearNet
+    from zoo.models.deep_linear import DeepLinearNet
     from zoo.init import LambdaBalanced
 
     net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-8.0, -2.0, 0.0, 2.0, 8.0], scale=1e-3))

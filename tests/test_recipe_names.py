@@ -1,10 +1,10 @@
-"""Bundled recipes by name (zoo.recipes): `zoo recipes` and `--config NAME` from any folder."""
+"""Bundled recipes by name (zoo.cli.recipes): `zoo recipes` and `--config NAME` from any folder."""
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import REPO
-from zoo import recipes
+from zoo.cli import recipes
 
 R = REPO / "recipes"
 QUICKSTART = R / "quickstart.yaml"

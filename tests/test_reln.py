@@ -1,4 +1,4 @@
-"""zoo.reln: k-means ReLN discovery ([H] App. B) on planted patterns and on a trained ReLU net,
+"""zoo.models.reln: k-means ReLN discovery ([H] App. B) on planted patterns and on a trained ReLU net,
 the elbow rule, gatings from patterns, and classical MDS against known configurations."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from datamodules.contexts import Contexts
-from zoo import reln
-from zoo.gdln import ReLUNet
+from zoo.models import reln
+from zoo.models.gdln import ReLUNet
 from zoo.init import Gaussian
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,8 +72,8 @@ def test_gating_from_patterns():
 
 def test_gdln_from_found_gates_trains_like_hand_built_reln():
     # The GDLN built from the hand-built ReLN gates (and their input masks) is the GDLN of
-    # zoo.gdln with gating 'reln': same init seed -> identical weights and losses.
-    from zoo.gdln import GDLN
+    # zoo.models.gdln with gating 'reln': same init seed -> identical weights and losses.
+    from zoo.models.gdln import GDLN
 
     dm = Contexts(3, "same")
     hand = dm.gating("reln")

@@ -8,8 +8,8 @@ import torch
 from callbacks.reln import ActivationPatterns, HiddenMDS
 from datamodules.contexts import Contexts
 from tests.conftest import quiet_trainer
-from zoo import reln
-from zoo.gdln import Comparison, GDLN, ReLUNet
+from zoo.models import reln
+from zoo.models.gdln import Comparison, GDLN, ReLUNet
 from zoo.init import Gaussian
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,7 +34,7 @@ def test_activation_patterns_records_and_clusters(tmp_path):
     # the recorded rows are the module's own patterns at the end (2 members x 40 units), the outputs its outputs
     assert torch.equal(cb.history['rows'][-1].bool(), reln.pattern_rows(model.activation_patterns(dm.X)[0]).bool())
     assert torch.equal(cb.history["outputs"][-1], model(dm.X).detach())
-    # the centroids are the k-means of all the rows; no GDLN is trained here (phase 2: zoo.reln_imitation)
+    # the centroids are the k-means of all the rows; no GDLN is trained here (phase 2: zoo.models.reln_imitation)
     rows = torch.cat(cb.history["rows"]).float()
     assert cb.result["ks"] == [1, 2, 3, 4] and "errors" not in cb.result
     for k, C in zip(cb.result["ks"], cb.result["centroids"]):

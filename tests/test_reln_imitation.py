@@ -1,4 +1,4 @@
-"""zoo.reln_imitation.ImitationGDLNs (ReLN discovery, phase 2): its imitation errors equal a direct
+"""zoo.models.reln_imitation.ImitationGDLNs (ReLN discovery, phase 2): its imitation errors equal a direct
 computation from phase 1's record (k-means, gates, a GDLN per k trained by ``run_epochs``), for a
 one- and a two-hidden-layer ReLU net; bad checkpoints, data and budgets are clear errors; the fit
 resumes to the same bits and ``lightning test`` evaluates it."""
@@ -11,11 +11,11 @@ import torch
 from callbacks.reln import ActivationPatterns
 from datamodules.contexts import Contexts
 from tests.conftest import REPO
-from zoo import reln
-from zoo.checkpoint_checks import CheckpointMismatch
-from zoo.gdln import ReLUNet
+from zoo.models import reln
+from zoo.cli.checkpoint_checks import CheckpointMismatch
+from zoo.models.gdln import ReLUNet
 from zoo.init import Gaussian
-from zoo.reln_imitation import ImitationGDLNs
+from zoo.models.reln_imitation import ImitationGDLNs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -96,7 +96,7 @@ def test_resumed_from_an_epochs_end_the_loss_keeps_its_rows(tmp_path):
 
     from resume_harness import REPO
 
-    every_100 = json.dumps({"class_path": "zoo.checkpoint.RunCheckpoint", "init_args": {"every_n_train_steps": 100}})
+    every_100 = json.dumps({"class_path": "zoo.training.checkpoint.RunCheckpoint", "init_args": {"every_n_train_steps": 100}})
     args = ["--config", f"{REPO}/recipes/quickstart.yaml", "--trainer.max_steps=200",
             "--trainer.log_every_n_steps=3", f"--trainer.callbacks+={every_100}"]
     full = fit(tmp_path / "full", *args)

@@ -1,4 +1,4 @@
-"""zoo.resume_events: which TensorBoard events of a stopped run a resumed run keeps, read back as
+"""zoo.training.resume_events: which TensorBoard events of a stopped run a resumed run keeps, read back as
 TensorBoard shows them (its EventAccumulator applies the purges)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from zoo.resume_events import event_files, events_before_save, write_back
+from zoo.training.resume_events import event_files, events_before_save, write_back
 
 
 def _shown(folder) -> dict[str, list[tuple[int, float]]]:

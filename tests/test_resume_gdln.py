@@ -20,9 +20,9 @@ R = f"{REPO}/recipes"
 EPS = "--model.init_args.epochs_per_step=10"
 # fig6's networks at a tenth of their width, 4 runs each (the recipe: 100 runs, minutes)
 FIG6_SMALL = """[
-  {class_path: zoo.gdln.ReLUNet, init_args: {hidden: [12, 12], init: {class_path: zoo.init.Gaussian,
+  {class_path: zoo.models.gdln.ReLUNet, init_args: {hidden: [12, 12], init: {class_path: zoo.init.Gaussian,
    init_args: {sigma: 0.003}}, ensemble: 4, lr: 0.001, reduction: sum}},
-  {class_path: zoo.gdln_depth.DepthGDLN, init_args: {gating: reln, n_shared: 12, n_hidden: 3,
+  {class_path: zoo.models.gdln_depth.DepthGDLN, init_args: {gating: reln, n_shared: 12, n_hidden: 3,
    init: {class_path: zoo.init.Gaussian, init_args: {sigma: 0.003}}, ensemble: 4, lr: 0.001, reduction: sum}}]"""
 CASES = {
     # Comparison of four networks on contexts: LossCurves (race), PathwaySingularValues
@@ -34,7 +34,7 @@ CASES = {
     # ReLUNet: ActivationPatterns (trains a GDLN per k at the end), HiddenMDS
     "fig8": ["--config", f"{R}/haste_slowly/fig8_9_reln_discovery.yaml", "--trainer.max_steps=200", EPS],
     # a GDLN on its own (no recipe trains one alone): the residual scheme, race and pathway modes
-    "gdln": ["--model=zoo.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_args.n_hidden=20",
+    "gdln": ["--model=zoo.models.gdln.GDLN", "--model.init_args.gating=reln", "--model.init_args.n_hidden=20",
              "--model.init_args.training=residual", "--model.init_args.epochs_per_step=10",
              '--model.init_args.init={"class_path": "zoo.init.Gaussian", "init_args": {"sigma": 0.001}}',
              "--data=datamodules.contexts.Contexts", "--trainer.max_steps=200", "--trainer.max_epochs=-1",

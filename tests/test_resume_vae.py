@@ -103,7 +103,7 @@ def test_beta_vae_sweep_resumed_from_a_mid_run_checkpoint(fig4, tmp_path, one_th
 def test_a_checkpoint_without_the_noise_state_is_refused(fig4, tmp_path, one_thread):
     """A VAE checkpoint saved before the noise had its own generator cannot resume exactly: the
     resumed run stops before its first batch, with a message, rather than train another run."""
-    from zoo.vae import NOISE_KEY
+    from zoo.models.vae import NOISE_KEY
 
     args, _ = fig4
     fit(tmp_path, *args, "--trainer.max_steps=5")
@@ -145,7 +145,7 @@ ISAE_STEPS = 30
 @pytest.fixture(scope="module")
 def fig13_isae(tmp_path_factory, mnist_dir):
     args = ["--config", str(RECIPES / "fig13_isae.yaml"), f"--trainer.max_steps={ISAE_STEPS}",
-            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.vae.BetaVAE",
+            "--data.init_args.checkpoint=null", "--data.init_args.vae=zoo.models.vae.BetaVAE",
             "--data.init_args.vae.latent_dim=16", "--data.init_args.vae.encoder_widths=[8]",
             "--data.init_args.vae.decoder_widths=[8]", f"--data.init_args.data_dir={mnist_dir}",
             "--data.init_args.num_samples=256", "--model.init_args.n=32",

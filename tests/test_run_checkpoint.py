@@ -1,11 +1,11 @@
-"""RunCheckpoint's schedule and the CLI's checkpoint defaults (zoo.checkpoint, zoo.cli, zoo.runs)."""
+"""RunCheckpoint's schedule and the CLI's checkpoint defaults (zoo.training.checkpoint, zoo.cli, zoo.cli.runs)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zoo.checkpoint import RunCheckpoint
-from zoo.runs import newest_last_checkpoint, resumed_config_name, run_folder_of
+from zoo.training.checkpoint import RunCheckpoint
+from zoo.cli.runs import newest_last_checkpoint, resumed_config_name, run_folder_of
 
 
 class _Saves(RunCheckpoint):
@@ -63,7 +63,7 @@ def test_max_steps_mid_epoch_saves_there(tmp_path, one_thread):
 def test_a_save_records_where_a_resumed_run_picks_up_its_curves(tmp_path, one_thread):
     import time
 
-    from zoo import resume_events
+    from zoo.training import resume_events
 
     before = time.time()
     trainer = _fit(tmp_path, _Saves(every_n_train_steps=1000), max_steps=12)

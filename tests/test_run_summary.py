@@ -1,4 +1,4 @@
-"""The block at the end of a run (zoo.run_summary): built from the folder, printed by the CLI."""
+"""The block at the end of a run (zoo.cli.run_summary): built from the folder, printed by the CLI."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from conftest import REPO, run_cli
-from zoo.run_summary import MAX_LISTED, run_summary
+from zoo.cli.run_summary import MAX_LISTED, run_summary
 
 
 def _folder(root, pngs=(), ckpt=True, events=True):
@@ -72,7 +72,7 @@ def test_the_cli_prints_it_after_fit(in_tmp, capsys, one_thread):
 
 
 def test_a_diverged_run_prints_it_too(in_tmp, capsys, one_thread):
-    from zoo.divergence import DivergenceError
+    from zoo.training.divergence import DivergenceError
 
     with pytest.raises(DivergenceError):
         run_cli("fit", "--config", f"{REPO}/recipes/quickstart.yaml", "--trainer.max_steps=200",

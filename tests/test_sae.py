@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from zoo.init import Imbalance
-from zoo.sae import SparseAutoencoder
+from zoo.models.sae import SparseAutoencoder
 
 
 def test_each_member_gets_the_gradient_of_its_own_loss():
@@ -45,7 +45,7 @@ def test_grid_is_the_product_of_v_and_l1():
 
 def test_divergence_stops_with_a_message(tmp_path):
     from tests.conftest import quiet_trainer
-    from zoo.divergence import DivergenceError
+    from zoo.training.divergence import DivergenceError
 
     x = 100 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 16 steps
@@ -58,7 +58,7 @@ def test_diverged_member_drops_out_and_the_others_train_on(tmp_path):
     """on_divergence='drop': the member at a huge v diverges, the others finish exactly as they
     would beside a member that never diverges (members share only the batches)."""
     from tests.conftest import quiet_trainer
-    from zoo.divergence import DivergenceError
+    from zoo.training.divergence import DivergenceError
 
     x = 3 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 16 steps

@@ -10,8 +10,8 @@ from datamodules.mnist_images import MNISTImages
 from tests.conftest import quiet_trainer
 from tests.helpers_mnist import TEST_PER_DIGIT, TRAIN_PER_DIGIT, tiny_mnist, trace
 from zoo.init import Gaussian, Imbalance
-from zoo.sae import SparseAutoencoder
-from zoo.vae import BetaVAE
+from zoo.models.sae import SparseAutoencoder
+from zoo.models.vae import BetaVAE
 
 N_TRAIN = 10 * TRAIN_PER_DIGIT
 
@@ -96,7 +96,7 @@ def test_missing_checkpoint_is_an_error_naming_the_path_before_anything_loads(tm
 @pytest.mark.parametrize("kwargs, err, match", [
     (dict(), ValueError, "give exactly one of checkpoint .* and vae"),
     (dict(checkpoint="x.ckpt", vae="a VAE"), ValueError, "give exactly one of checkpoint"),
-    (dict(vae=torch.nn.Linear(2, 2)), TypeError, "vae is a Linear; allowed: a zoo.vae.BetaVAE"),
+    (dict(vae=torch.nn.Linear(2, 2)), TypeError, "vae is a Linear; allowed: a zoo.models.vae.BetaVAE"),
     (dict(vae="v", batch_size=0), TypeError, "vae is a str"),
 ])
 def test_latents_bad_arguments(kwargs, err, match):

@@ -1,4 +1,4 @@
-"""A record of scalars written as one TensorBoard event (``zoo.scalar_events``) reads back as
+"""A record of scalars written as one TensorBoard event (``zoo.training.scalar_events``) reads back as
 Lightning's ``TensorBoardLogger.log_metrics`` writes it, one event per scalar."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from zoo.scalar_events import write_scalars
+from zoo.training.scalar_events import write_scalars
 
 RECORDS = [{"modes/lam=-2/a0": 0.1 * s, "modes/lam=-2/a0_theory": 1 / 3 + s, "loss": math.pi * 10 ** -s,
             "tiny": 1e-40, "big": 3.4e38 * (s % 2)} for s in range(4)]

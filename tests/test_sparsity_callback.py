@@ -12,7 +12,7 @@ from callbacks.sparsity import Sparsity
 from tests.conftest import quiet_trainer
 from zoo.init import Imbalance
 from zoo.metrics.sparsity import sparsity
-from zoo.sae import SparseAutoencoder
+from zoo.models.sae import SparseAutoencoder
 
 
 class Vectors(pl.LightningDataModule):
@@ -37,7 +37,7 @@ def _net(**kw) -> SparseAutoencoder:
 
 @pytest.mark.parametrize("threshold", [0.0, 0.05])
 def test_chunked_measures_equal_the_metric_on_the_whole_matrix(threshold, one_thread, monkeypatch):
-    monkeypatch.setattr("zoo.sae.CHUNK", 7)  # 7 does not divide 50: a ragged last chunk
+    monkeypatch.setattr("zoo.models.sae.CHUNK", 7)  # 7 does not divide 50: a ragged last chunk
     net = _net()
     with torch.no_grad():  # biases of both signs, so some units are dead or dense
         net.b_enc.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))

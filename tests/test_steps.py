@@ -1,4 +1,4 @@
-"""zoo.steps: updates applied by the torch optimizer directly are counted by Lightning as if each
+"""zoo.training.steps: updates applied by the torch optimizer directly are counted by Lightning as if each
 had gone through ``LightningOptimizer.step`` (global_step, max_steps, checkpointed loop state)."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from zoo.steps import Updates, direct_updates_allowed
+from zoo.training.steps import Updates, direct_updates_allowed
 
 K = 5  # updates per batch
 
 
 class ManySteps(pl.LightningModule):
-    """K plain GD updates of a linear map per batch, through zoo.steps.Updates."""
+    """K plain GD updates of a linear map per batch, through zoo.training.steps.Updates."""
 
     def __init__(self) -> None:
         super().__init__()

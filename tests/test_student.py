@@ -11,7 +11,7 @@ from datamodules import TeacherStudent
 from zoo import DivergenceError, MultiHeadStudent
 from zoo.init import Gaussian, Polar
 from helpers_trainer import trainer
-from zoo.student import phi
+from zoo.models.student import phi
 from zoo.theory.meanfield import integrate
 
 # tiny networks: one thread (a second OpenMP thread on a loaded CPU only waits; conftest.one_thread)

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-import zoo.student
-import zoo.student_scalar
-import zoo.threads
+import zoo.models.student
+import zoo.kernels.student
+import zoo.utils.threads
 from zoo import MultiHeadStudent
 from zoo.init import Gaussian, Polar
-from zoo.student import phi
+from zoo.models.student import phi
 
 LARGE_D = 4100  # above 4,096: blocks of 16 samples instead of the 128 of d <= 1,024
 
@@ -40,8 +40,8 @@ def stream(E: int, d: int, steps: int, seed: int = 1):
 
 @pytest.mark.parametrize("activation", ["erf", "relu", "sigmoid", "tanh", "linear"])
 def test_a_single_student_takes_the_scalar_kernel_and_follows_step_by_step_sgd(activation, monkeypatch):
-    calls, kernel = [], zoo.student_scalar.online_steps
-    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
+    calls, kernel = [], zoo.kernels.student.online_steps
+    monkeypatch.setattr(zoo.models.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
     net = MultiHeadStudent(d=40, p=3, activation=activation, eta=0.7, init_w=Gaussian(sigma=0.5),
                            init_heads=Gaussian(sigma=1.0)).double()
     W0, h0, other = net.W[0].detach().clone(), net.h[0, 0].detach().clone(), net.h[0, 1].detach().clone()
@@ -78,8 +78,8 @@ def test_the_scalar_kernels_blocks_shrink_with_d_and_still_follow_step_by_step_s
     d = 4,096, 8 up to 8,192, 4 beyond; a short last block where the chunk ends mid-block."""
     sizes = {d: MultiHeadStudent(d=d)._scalar_block_size() for d in (30, 1000, 4096, 4097, 8192, 8193, 10_000)}
     assert sizes == {30: 16, 1000: 16, 4096: 16, 4097: 8, 8192: 8, 8193: 4, 10_000: 4}
-    calls, kernel = [], zoo.student_scalar.online_steps
-    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
+    calls, kernel = [], zoo.kernels.student.online_steps
+    monkeypatch.setattr(zoo.models.student, "online_steps", lambda *a, **k: calls.append(a[-1]) or kernel(*a, **k))
     d = 8200
     net = MultiHeadStudent(d=d, eta=0.7, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=0.3)).double()
     W0, h0 = net.W[0].detach().clone(), net.h[0, 0].detach().clone()
@@ -147,14 +147,14 @@ def test_a_member_has_the_same_bits_in_any_slice_at_a_large_d(B, one_thread):
 
 def test_a_small_student_steps_on_one_thread_and_restores_the_callers_count(two_threads, monkeypatch):
     seen = []
-    kernel = zoo.student.online_steps
-    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: seen.append(torch.get_num_threads()) or kernel(*a, **k))
+    kernel = zoo.models.student.online_steps
+    monkeypatch.setattr(zoo.models.student, "online_steps", lambda *a, **k: seen.append(torch.get_num_threads()) or kernel(*a, **k))
     net = MultiHeadStudent(d=40)
     x, y = stream(1, 40, 40)
     net.sgd_steps(x.float(), y.float(), task=0)
     assert seen and set(seen) == {1} and torch.get_num_threads() == 2
     # also when the step fails
-    monkeypatch.setattr(zoo.student, "online_steps", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(zoo.models.student, "online_steps", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         net.sgd_steps(x.float(), y.float(), task=0)
     assert torch.get_num_threads() == 2
@@ -167,7 +167,7 @@ def test_a_large_ensemble_keeps_the_callers_thread_count(two_threads, monkeypatc
     monkeypatch.setattr(net, "_online_block", lambda *a: seen.append(torch.get_num_threads()) or block(*a))
     x, y = stream(2, 40, 20)
     net.sgd_steps(x.float(), y.float(), task=0)
-    monkeypatch.setattr(zoo.threads, "SMALL_WORK", 2 * 2 * 40)  # this ensemble's first layer: "large"
+    monkeypatch.setattr(zoo.utils.threads, "SMALL_WORK", 2 * 2 * 40)  # this ensemble's first layer: "large"
     net.sgd_steps(x.float(), y.float(), task=0)
     assert seen == [1, 2]
 
@@ -177,8 +177,8 @@ def test_the_two_unit_recursion_is_the_general_one_written_out():
     g = torch.Generator().manual_seed(5)
     U0, K = torch.randn(2, 12, generator=g).tolist(), torch.randn(12, 12, generator=g).tolist()
     y, head = torch.randn(12, generator=g).tolist(), [0.8, -0.3]
-    for name, act in zoo.student_scalar.ACTIVATIONS.items():
+    for name, act in zoo.kernels.student.ACTIVATIONS.items():
         fast_head, any_head = list(head), list(head)
-        fast = zoo.student_scalar._two_units(act, K, U0, y, fast_head, 0.7, 1e-2, 0.05)
-        general = zoo.student_scalar._any_units(act, K, U0, y, any_head, 0.7, 1e-2, 0.05)
+        fast = zoo.kernels.student._two_units(act, K, U0, y, fast_head, 0.7, 1e-2, 0.05)
+        general = zoo.kernels.student._any_units(act, K, U0, y, any_head, 0.7, 1e-2, 0.05)
         assert fast == general and fast_head == any_head, name

@@ -14,7 +14,7 @@ import torch
 from callbacks.forgetting import Forgetting
 from datamodules.mnist import MNISTContinual
 from tests.conftest import quiet_trainer
-from zoo.classifier import MultiHeadClassifier
+from zoo.models.classifier import MultiHeadClassifier
 from zoo.init import EntropyMix, Gaussian
 
 from tests.helpers_mnist import tiny_mnist

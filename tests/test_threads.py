@@ -1,4 +1,4 @@
-"""zoo.threads: the scoped thread count (restored on return and on error), its size rule, and the
+"""zoo.utils.threads: the scoped thread count (restored on return and on error), its size rule, and the
 theory entry points that use it (one thread for small work, the same bits as without the scope)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import zoo.theory.linear as linear
 import zoo.theory.meanfield as meanfield
 import zoo.theory.phase as phase
-from zoo.threads import SMALL_WORK, broadcast_work, num_threads, threads_for
+from zoo.utils.threads import SMALL_WORK, broadcast_work, num_threads, threads_for
 
 
 def test_num_threads_sets_then_restores(two_threads):

@@ -11,9 +11,9 @@ from torch.utils.data import TensorDataset
 
 from tests.conftest import quiet_trainer
 from tests.helpers_vae import TinySquares, short_trainer
-from zoo.divergence import DivergenceError
+from zoo.training.divergence import DivergenceError
 from zoo.init import Gain, Xavier
-from zoo.vae import (ACTIVE_THRESHOLD, BetaVAE, BetaVAESweep, active_latents, bernoulli_nll,
+from zoo.models.vae import (ACTIVE_THRESHOLD, BetaVAE, BetaVAESweep, active_latents, bernoulli_nll,
                      bernoulli_reconstruction, gaussian_kl)
 
 
@@ -265,7 +265,7 @@ def test_sweep_rejects_bad_seeds_and_unknown_members():
         BetaVAESweep(seeds=[1, 1])
     sweep = BetaVAESweep(latent_dim=2, encoder_widths=[4], decoder_widths=[4], init_encoder=Gain(g=[1.0, 2.0]),
                          seeds=[0], image_shape=[1, 4, 4])
-    # one seed: the labels name what varies (zoo.labels), member_params keep the seed
+    # one seed: the labels name what varies (zoo.utils.labels), member_params keep the seed
     assert sweep.labels == ["g=1", "g=2"]
     assert sweep.member_params == [{"g": 1.0, "seed": 0}, {"g": 2.0, "seed": 0}]
     with pytest.raises(KeyError, match="g=1, g=2"):

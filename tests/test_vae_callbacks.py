@@ -15,7 +15,7 @@ from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
 from tests.helpers_vae import TinySquares, short_trainer
 from zoo.init import Gain
 from zoo.metrics.dci import dci
-from zoo.vae import BetaVAE, BetaVAESweep, bernoulli_reconstruction
+from zoo.models.vae import BetaVAE, BetaVAESweep, bernoulli_reconstruction
 
 SMALL = dict(latent_dim=3, encoder_widths=[16, 12, 8, 6], decoder_widths=[6, 8, 12, 16], lr=1e-2)
 TINY_DCI = dict(n_train=200, n_test=100, n_estimators=5)  # a few hundred points: fast, still deterministic

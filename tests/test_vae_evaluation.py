@@ -12,8 +12,8 @@ from tests.conftest import run_cli
 from tests.helpers_vae import TinySquares, short_trainer
 from zoo.init import Gain, Imbalance
 from zoo.metrics.sparsity import sparsity
-from zoo.sae import SparseAutoencoder
-from zoo.vae import BetaVAE, BetaVAESweep, bernoulli_reconstruction, gaussian_kl
+from zoo.models.sae import SparseAutoencoder
+from zoo.models.vae import BetaVAE, BetaVAESweep, bernoulli_reconstruction, gaussian_kl
 
 SMALL = dict(latent_dim=3, encoder_widths=[16, 8], decoder_widths=[8, 16], lr=1e-2)
 
@@ -32,7 +32,7 @@ def direct(vae: BetaVAE, x: torch.Tensor) -> dict[str, float]:
 
 def test_lightning_test_prints_the_metrics_of_the_checkpoint(in_tmp, capsys, one_thread):
     config = {"seed_everything": 0,
-              "model": {"class_path": "zoo.vae.BetaVAE", "init_args": SMALL},
+              "model": {"class_path": "zoo.models.vae.BetaVAE", "init_args": SMALL},
               "data": {"class_path": "tests.helpers_vae.TinySquares", "init_args": {"batch_size": 16, "n_test": 40}},
               "trainer": {"max_steps": 3, "accelerator": "cpu", "enable_progress_bar": False,
                           "enable_model_summary": False}}

@@ -1,4 +1,4 @@
-"""The vectorised BetaVAESweep (issue #21, zoo.vae_stacked): the stacked chain against each net's
+"""The vectorised BetaVAESweep (issue #21, zoo.kernels.vae): the stacked chain against each net's
 own layers, a vectorised member against a separate BetaVAE stepped by the same fused Adam on the
 same noise, the switch's one-by-one path against it, a member-parallel slice against the whole
 sweep, the stacked storage through a dtype move, a checkpoint load and gradient accumulation, and
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from zoo.init import Gain
-from zoo.vae import BetaVAE, BetaVAESweep
-from zoo.vae_stacked import SharedStacks, StackedAdam, stacked_layers, stacked_mlp
+from zoo.models.vae import BetaVAE, BetaVAESweep
+from zoo.kernels.vae import SharedStacks, StackedAdam, stacked_layers, stacked_mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -222,7 +222,7 @@ def test_stacked_adam_takes_torchs_step_where_torch_has_no_fused_kernel(monkeypa
     stacked, plain = _sweep(), _sweep()
     opt = stacked.configure_optimizers()
     ref = torch.optim.Adam(plain.parameters(), lr=plain.lr, fused=True)
-    monkeypatch.setattr("zoo.vae_stacked.FUSED_ADAM", None)
+    monkeypatch.setattr("zoo.kernels.vae.FUSED_ADAM", None)
     _adam_run(stacked, opt, range(3))
     assert opt._views is None  # the stacks were never made
     _adam_run(plain, ref, range(3))

@@ -90,14 +90,14 @@ def test_the_wheel_holds_every_module_and_recipe(installed):
 @pytest.mark.slow
 def test_the_installed_zoo_is_the_wheels_and_finds_its_recipes(installed):
     venv, site, env, work, _ = installed
-    out = _run(venv / "bin" / "python", "-c", "import zoo, zoo.recipes as r; print(zoo.__file__); print(r.recipes_dir())",
+    out = _run(venv / "bin" / "python", "-c", "import zoo, zoo.cli.recipes as r; print(zoo.__file__); print(r.recipes_dir())",
                cwd=work, env=env).stdout.split()
     assert out == [str(site / "zoo" / "__init__.py"), str(site / "zoo_recipes")]
 
 
 @pytest.mark.slow
 def test_zoo_recipes_lists_the_bundled_recipes_with_their_descriptions(installed):
-    from zoo.recipes import description
+    from zoo.cli.recipes import description
 
     venv, _, env, work, _ = installed
     lines = _run(venv / "bin" / "zoo", "recipes", cwd=work, env=env).stdout.splitlines()

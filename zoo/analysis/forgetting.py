@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zoo.labels import member_label
+from zoo.utils.labels import member_label
 
 
 def error_matrix(at_task_ends: Sequence[Tensor]) -> Tensor:
@@ -96,7 +96,7 @@ def profiles(values: Tensor | np.ndarray, member_params: Sequence[Mapping[str, o
     """Forgetting profiles over the member parameter ``over`` (``"gamma"``, ``"k"``).
 
     Members are grouped by their other parameters except ``repeats`` (runs of one experiment: a
-    seed, a digit draw); per group (named by :func:`zoo.labels.member_label` of its parameters,
+    seed, a digit draw); per group (named by :func:`zoo.utils.labels.member_label` of its parameters,
     ``"all"`` when none is left) and per value of ``over``, the mean of ``values`` (E,) over the
     runs and their sample standard deviation.
 

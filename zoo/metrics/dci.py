@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from zoo.extras import require
+from zoo.utils.extras import require
 
 __all__ = ["DCIMetric", "DCISetting", "DCI_SETTINGS", "dci", "dci_from_importance", "dci_on_grid",
            "importance_matrix", "setting_with", "update_on_grid"]

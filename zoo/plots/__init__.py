@@ -1,5 +1,5 @@
 """Figure builders: each returns a matplotlib ``Figure`` (nothing is written or shown), so the
-same figure serves a notebook and a callback (``zoo.logs.log_figure`` logs it to
+same figure serves a notebook and a callback (``zoo.training.logs.log_figure`` logs it to
 TensorBoard and writes it once as a PNG)."""
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def xor_times(deltas: Tensor, times: dict[str, Tensor], criterion: float, crosso
 
 def xor_trajectories(panels: list[dict]):
     """[H] Fig. 2e: one panel per margin, simulated (thin) and closed-form (wide, pale) losses
-    (``zoo.gdln`` ``xor_trajectories``' dicts)."""
+    (``zoo.models.gdln`` ``xor_trajectories``' dicts)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), dpi=100, squeeze=False)
     for ax, p in zip(axes[0], panels):
@@ -129,8 +129,8 @@ def reln_gates(result: dict, title: str, n_contexts: int | None = None, n_items:
     """[H] Figs. 8-9: k-means centroids (k, N) for every k (black = active; red lines between the
     ``n_contexts`` blocks of ``n_items`` points) and, where ``result`` has ``errors``, the imitation
     error over k with the k at the elbow (by ``rule``) circled. ``result``: ``{"ks", "centroids"}``
-    (``zoo.reln.centroids_per_k``), optionally ``"errors"`` and ``"elbow_k"``
-    (``zoo.reln_imitation.ImitationGDLNs.imitation``)."""
+    (``zoo.models.reln.centroids_per_k``), optionally ``"errors"`` and ``"elbow_k"``
+    (``zoo.models.reln_imitation.ImitationGDLNs.imitation``)."""
     plt = pyplot()
     ks, cents, errors, chosen = result["ks"], result["centroids"], result.get("errors") or [], result.get("elbow_k")
     bounds = [c * n_items - 0.5 for c in range(1, n_contexts)] if n_contexts and n_items else []

@@ -1,5 +1,5 @@
 """Figures of the deep linear family ([L] Figs. 1, 4, 5; [S] Fig. 3c): each builder takes arrays and
-returns a matplotlib ``Figure`` (nothing written), for a notebook or ``zoo.logs.log_figure``.
+returns a matplotlib ``Figure`` (nothing written), for a notebook or ``zoo.training.logs.log_figure``.
 
 From a notebook, on a trained ``net`` (``zoo.DeepLinearNet``) and its task ``dm``::
 

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from zoo.labels import format_value
+from zoo.utils.labels import format_value
 from zoo.plots import pyplot
 
 
@@ -24,7 +24,7 @@ def angle_text(theta: float) -> str:
 
 def pretty(params: Mapping[str, object]) -> str:
     """A legend label from a member's (or a group's) parameters: angles (keys ``theta...``) as
-    multiples of pi, other numbers by ``zoo.labels.format_value``."""
+    multiples of pi, other numbers by ``zoo.utils.labels.format_value``."""
     text = [f"{k}={angle_text(float(v)) if k.startswith('theta') else format_value(v)}" for k, v in params.items()]
     return ", ".join(text) or "all members"
 

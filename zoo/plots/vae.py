@@ -19,7 +19,7 @@ SWEEP_METRICS = (("disentanglement", "DCI disentanglement"), ("completeness", "D
 def traversal_figure(images: Tensor, order: Sequence[int], kl: Sequence[float], values: Sequence[float],
                      title: str = ""):
     """[S] Fig. 4c: one row per latent (``images`` (L * S, C, H, W) in [0, 1], row-major, as
-    ``zoo.vae.BetaVAE.traversal`` returns them), each row labelled with its latent and KL, each
+    ``zoo.models.vae.BetaVAE.traversal`` returns them), each row labelled with its latent and KL, each
     column with the latent's value."""
     plt = pyplot()
     L, S = len(order), len(values)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from zoo.theory.linear import saxe_mode
-from zoo.threads import sized_threads
+from zoo.utils.threads import sized_threads
 
 __all__ = [
     "pathway_mode_matrices",
@@ -130,7 +130,7 @@ def loss_of_maps(X: Tensor, Y: Tensor, gating: Gating, maps: Tensor) -> Tensor:
 
 def _race_work(X: Tensor, Y: Tensor, gating: Gating, *args, **kwargs) -> tuple[int, torch.device]:
     """Elements of ``race_trajectory``'s largest per-step operation (the einsum over pathway pairs,
-    P^2 n_out n_in multiply-adds) and the device, for :func:`zoo.threads.sized_threads`."""
+    P^2 n_out n_in multiply-adds) and the device, for :func:`zoo.utils.threads.sized_threads`."""
     P = gating.n_pathways
     return P * P * Y.shape[1] * X.shape[1], X.device
 

@@ -24,7 +24,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from zoo.threads import broadcast_work, sized_threads
+from zoo.utils.threads import broadcast_work, sized_threads
 
 Number = Union[float, int, Tensor]
 
@@ -367,7 +367,7 @@ def qqt(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number,
 def _qqt_work(W1: Tensor, W2: Tensor, sigma_yx: Tensor, *, lam: Number, t: Number, tau: Number = 1.0
               ) -> tuple[int, torch.device | None]:
     """Elements of :func:`qqt`'s per-block intermediates (members x times x N x N, capped at
-    ``_QQT_BLOCK``) for :func:`zoo.threads.threads_for`, and the device."""
+    ``_QQT_BLOCK``) for :func:`zoo.utils.threads.threads_for`, and the device."""
     try:
         batch, _ = broadcast_work(W1[..., 0, 0], W2[..., 0, 0], sigma_yx[..., 0, 0], torch.as_tensor(lam))
         N = W1.shape[-1] + W2.shape[-2]

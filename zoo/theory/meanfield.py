@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zoo.threads import num_threads, sized_threads, threads_for
+from zoo.utils.threads import num_threads, sized_threads, threads_for
 
 __all__ = [
     "ACTIVATIONS",
@@ -582,8 +582,8 @@ def integrate(
             linear, False (and True not allowed) for ReLU.
         cpu_threads: torch intra-op threads while integrating on the CPU, for this call only (the
             previous count is restored on return or error). ``"auto"`` (default) chooses by size
-            (:func:`zoo.threads.threads_for` of the per-step work ``E p N (p + p*)``, ``N = p +
-            n_tasks p*``): one thread below :data:`zoo.threads.SMALL_WORK` elements (a 400-member
+            (:func:`zoo.utils.threads.threads_for` of the per-step work ``E p N (p + p*)``, ``N = p +
+            n_tasks p*``): one thread below :data:`zoo.utils.threads.SMALL_WORK` elements (a 400-member
             grid ran 14x slower on 2 threads than on 1 with the other core busy), torch's setting
             above; an integer forces that count; ``None`` leaves torch's setting alone. Ignored on
             other devices.

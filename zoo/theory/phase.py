@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from zoo.theory.linear import Number, _tensors, _time_to, hitting_time, omega
-from zoo.threads import broadcast_work, sized_threads
+from zoo.utils.threads import broadcast_work, sized_threads
 
 __all__ = ["PhaseDiagram", "phase_diagram", "simulate_two_pathways", "initial_omegas"]
 
