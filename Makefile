@@ -18,13 +18,15 @@ install:
 
 # the dev extra: pytest, the docs tools and every optional part (h5py, scikit-learn: their tests)
 install-dev: install
-	@$(PYTHON) -c "import pytest, mkdocs, material, mkdocstrings_handlers.python, h5py, sklearn" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
+	@$(PYTHON) -c "import pytest, xdist, mkdocs, material, mkdocstrings_handlers.python, h5py, sklearn" 2>/dev/null || $(PYTHON) -m pip install -e ".[dev]" --no-build-isolation
 
 demo: install
 	$(PYTHON) -m zoo fit --config recipes/quickstart.yaml
 
+# pytest-xdist: one worker per core, a file's tests on one worker (module fixtures start subprocess runs);
+# the quick tier: make test PYTEST_ARGS='-m "not slow"'
 test: install-dev
-	$(PYTHON) tests/shards.py
+	$(PYTHON) -m pytest -n auto --dist loadfile -q $(PYTEST_ARGS)
 
 # each bench prints its table and appends its rows to $BENCH_SUMMARY; the summary table ends the output
 bench: install

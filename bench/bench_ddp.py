@@ -10,7 +10,7 @@ the median training rate (student-steps/s from ``on_train_start`` to ``on_train_
 what sharding speeds up). Goal (issue #19): >= 1.6x on 2 cores. The table also gives the whole
 fit (interpreter start, rendezvous, setup and teardown included) and the CPU ratio (the busiest
 process's CPU time in training: the speed-up two idle cores would show). The weights after fit are
-compared here: bit-equal at one thread per process (``tests/test_ddp_multihead.py`` asserts it).
+compared here: bit-equal at one thread per process (``tests/training/test_ddp_multihead.py`` asserts it).
 The GPU column times the same ensemble on one GPU (one process). At the defaults (3 rounds of a
 1- and a 2-process fit of 20,000 steps) it took 3.6 min on the 2-core machine at load 3, 5.5 min at
 load 10; ``--steps`` shortens it.

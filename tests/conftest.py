@@ -18,25 +18,33 @@ def _zoo_cache(tmp_path_factory):
     patch.undo()
 
 
-@pytest.fixture
-def one_thread():
-    """Pins torch to one thread for tests of tiny networks: they gain nothing from threads, and on
-    a loaded CPU a second OpenMP thread makes every tiny op wait for a core (measured 30x slower)."""
-    yield from _threads(1)
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """The one thread rule, for every test: torch on one intra-op thread here and in every subprocess
+    a test starts (OMP_NUM_THREADS). The networks under test are tiny, so a second thread only waits
+    for a core (measured 30x slower on a loaded CPU); pytest-xdist runs one worker per core instead;
+    and bit-exact comparisons need one thread count on both sides. ``two_threads`` is for the
+    tests of the zoo's own scoped thread choice (zoo.utils.threads)."""
+    import os
+
+    import torch
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+    patch.undo()
 
 
 @pytest.fixture
 def two_threads():
-    """The process at 2 intra-op threads (torch's default on the 2-core machine), restored after:
-    for tests of the zoo's own scoped thread choice (zoo.utils.threads)."""
-    yield from _threads(2)
-
-
-def _threads(n: int):
+    """The process at 2 intra-op threads (torch's default on the 2-core machine), restored after."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(n)
+    torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
 

@@ -4,8 +4,8 @@
 
 For each recipe: the last value of every TensorBoard scalar of its smoke run (all of the run's
 event files, every version folder), the set of image tags, and a fingerprint of the final weights
-of the module (per tensor: shape, sum, sum of squares, the first 8 values). ``test_recipes``
-compares every smoke run against the file. The file was written before the layout change of
+of the module (per tensor: shape, sum, sum of squares, the first 8 values), at one torch thread
+(the tests' rule, conftest). ``test_recipes`` compares every smoke run against the file. The file was written before the layout change of
 issue 32 and is the frozen reference: rewrite it only for a change of behaviour that is meant.
 """
 from __future__ import annotations
@@ -46,7 +46,8 @@ def weights_fingerprint(module) -> dict[str, list]:
     for name, t in module.state_dict().items():
         if not hasattr(t, "detach") or not t.is_floating_point():
             continue
-        flat = t.detach().double().reshape(-1).cpu()
+        # numpy's sums: the same order of additions whatever torch's thread count
+        flat = t.detach().cpu().double().reshape(-1).numpy()
         out[name] = [list(t.shape), float(flat.sum()), float((flat * flat).sum()), [float(v) for v in flat[:8]]]
     return out
 
@@ -92,6 +93,10 @@ def main() -> int:
     from tests.conftest import recipe_phase_1, recipe_smoke_args, run_cli
     from tests.helpers_mnist import copy_real_mnist
 
+    import torch
+
+    torch.set_num_threads(1)  # as in the tests
+    os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("ZOO_CACHE", tempfile.mkdtemp(prefix="zoo-cache-"))
     out = {}
     for recipe in sorted((REPO / "recipes").rglob("*.yaml")):

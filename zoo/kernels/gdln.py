@@ -14,7 +14,7 @@ reads the state dict of a plain SGD (a checkpoint written before it existed).
 ``TwoLayerEpoch``: one epoch of a one-hidden-layer gated network (a ReLU net or a GDLN, [H] Eqs.
 1-2) by the hand-written gradients, the same operations in the same order as
 ``FullBatchNet._grads``, written into tensors allocated at the first epoch and reused (``out=`` and
-in-place variants of the same kernels: the same bits, tested in tests/test_gdln_fast_path.py).
+in-place variants of the same kernels: the same bits, tested in tests/models/test_gdln_fast_path.py).
 ``run_together`` takes a chunk of epochs (of one network, or of several in lockstep) in one loop and
 computes their losses 32 epochs at a time from the kept output errors. Where the chunk's step is
 the plain update (``PlainUpdate``: what ``GradientDescent`` applies when Lightning lets it, and
@@ -213,7 +213,7 @@ class TwoLayerEpoch:
         W0T, W1T = self.WT
         # where flip0, W0 copied as (n_in, H), as ``updating``'s working copy lies: the same product
         # on the same layouts, so both paths give the same bits (the generic ``_grads`` reads a
-        # transposed view: MKL gives it the same bits at these sizes, tests/test_gdln_fast_path.py)
+        # transposed view: MKL gives it the same bits at these sizes, tests/models/test_gdln_fast_path.py)
         if self.flip0:
             W0T = torch.mul(W0T, self.maskT, out=self.W0m) if mask is not None else self.W0m.copy_(W0T)
         elif mask is not None:

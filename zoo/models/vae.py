@@ -543,7 +543,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     over their stacked weights (``zoo.kernels.vae``; each member keeps its own parameters) and Adam
     is torch's fused kernel (one pass over the parameters instead of seven), run over the stacked
     tensors (``StackedAdam``): the same maths per member, rounded otherwise (summation order;
-    tests/test_vae_vectorised.py checks it against the members stepped one by one), so
+    tests/models/test_vae_vectorised.py checks it against the members stepped one by one), so
     ``vectorise: false`` trains as runs made before it did, bit for bit (the logged losses differ
     in the last digit: :func:`bernoulli_nll`).
     A ``member_class`` that overrides ``encode``, ``decode``, ``losses`` or ``build`` is stepped

@@ -138,7 +138,7 @@ def batch_written(trainer: pl.Trainer) -> bool:
     """Whether this training batch gets a row in the loggers: every ``log_every_n_steps``-th batch of
     the fit (counted across epochs and resumes, by the batches started), and any batch once the run
     is stopping or in a ``fast_dev_run`` (Lightning's rule for what a module logs, lightning 2.6;
-    tests/test_deep_linear_fast_path.py and tests/test_batch_scalars.py check the rows)."""
+    tests/models/test_deep_linear_fast_path.py and tests/training/test_batch_scalars.py check the rows)."""
     every = trainer.log_every_n_steps
     batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # this one included
     return (every > 0 and batches % every == 0) or trainer.should_stop or bool(trainer.fast_dev_run)

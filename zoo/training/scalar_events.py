@@ -5,7 +5,7 @@ Lightning's ``TensorBoardLogger.log_metrics`` writes each scalar as an event of 
 thread, with a checksum computed in Python: ~50 us a scalar, ~4 ms for the 75 mode strengths a
 quickstart record logs. A TensorBoard ``Summary`` holds any number of values, so the zoo writes a
 record's scalars as one event with one value per tag: the same tags, steps and float32 values,
-read back alike by TensorBoard and ``EventAccumulator`` (tests/test_scalar_events.py), at ~0.4 ms
+read back alike by TensorBoard and ``EventAccumulator`` (tests/training/test_scalar_events.py), at ~0.4 ms
 a record (``bench/bench_logging.py``). Every other logger, and a ``TensorBoardLogger`` that a user
 subclassed to change ``log_metrics`` or gave a ``prefix``, gets ``log_metrics`` as before."""
 from __future__ import annotations
