@@ -2,7 +2,7 @@
 own layers, a vectorised member against a separate BetaVAE stepped by the same fused Adam on the
 same noise, the switch's one-by-one path against it, a member-parallel slice against the whole
 sweep, the stacked storage through a dtype move, a checkpoint load and gradient accumulation, and
-StackedAdam against torch's fused Adam (stacked, restored from a state dict, and falling back).
+StackedAdam against torch's fused Adam (stacked, restored from a state dict, falling back, a changed lr).
 Every test on one thread (tiny networks; on a loaded CPU a second thread makes them crawl)."""
 from __future__ import annotations
 
@@ -215,14 +215,26 @@ def test_stacked_adam_falls_back_to_torchs_step_on_a_member_parallel_slice():
             assert torch.equal(p, r) == (k in (0, 3))  # only this rank's members moved
 
 
-def test_stacked_adam_takes_torchs_step_where_torch_has_no_fused_kernel(monkeypatch):
-    """The stacked step calls ``torch._fused_adam_``, a private op a later torch may rename: without
-    it StackedAdam is torch's Adam, step for step."""
+def test_stacked_adam_follows_a_changed_learning_rate_as_torchs_fused_adam():
+    """The stacked step is torch's public functional fused Adam over the stacks: a learning rate set
+    on the optimizer a user holds (as an lr scheduler does) reaches it, and the run stays torch's
+    fused Adam bit for bit."""
     stacked, plain = _sweep(), _sweep()
     opt = stacked.configure_optimizers()
     ref = torch.optim.Adam(plain.parameters(), lr=plain.lr, fused=True)
-    monkeypatch.setattr("zoo.kernels.vae.FUSED_ADAM", None)
     _adam_run(stacked, opt, range(3))
-    assert opt._views is None  # the stacks were never made
     _adam_run(plain, ref, range(3))
+    assert opt._views is not None  # the stacked step ran
+    for o in (opt, ref):
+        o.param_groups[0]["lr"] = 3e-3
+    _adam_run(stacked, opt, range(3, 5))
+    _adam_run(plain, ref, range(3, 5))
     assert all(torch.equal(a, b) for a, b in zip(stacked.parameters(), plain.parameters()))
+    # and with the learning rate unchanged the parameters would differ: the test can tell
+    assert not all(torch.equal(a, b) for a, b in zip(stacked.parameters(), _trained_at_one_lr().parameters()))
+
+
+def _trained_at_one_lr() -> BetaVAESweep:
+    sweep = _sweep()
+    _adam_run(sweep, torch.optim.Adam(sweep.parameters(), lr=sweep.lr, fused=True), range(5))
+    return sweep

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.optim.adam import adam as functional_adam  # Adam.step's computation (public: in its __all__)
 
 
 def _linears(nets: Sequence[nn.Sequential]) -> list[tuple[nn.Linear, ...]]:
@@ -108,24 +109,22 @@ _VECTOR_BYTES = 64
 scalar tail at any narrower width either."""
 
 
-#: torch's fused Adam kernel, which the stacked step calls directly: a private op, which a later torch
-#: may rename; without it StackedAdam takes torch's own step
-FUSED_ADAM = getattr(torch, "_fused_adam_", None)
-
-
 class StackedAdam(torch.optim.Adam):
     """torch's fused Adam (``fused=True``) over the parameters of :class:`SharedStacks`, whose
     update runs over the stacked tensors (one per layer and kind) instead of one per net, without
     the work per tensor that torch's optimizer does in Python (a sweep has hundreds of parameters).
-    The same Adam bit for bit: torch's CPU kernel treats the elements past the last full vector
-    of a tensor with scalar code, which rounds otherwise, so a stack whose nets' tensors do not
-    fill whole vectors (``_VECTOR_BYTES``) is stepped tensor by tensor (in the same kernel call).
+
+    The stacked step is torch's public fused Adam itself, its functional form
+    (``torch.optim.adam.adam(..., fused=True)``, the computation of ``Adam.step``) over the stacks
+    (plain tensors sharing the nets' storage, with the stacked gradients) and views into the stacked
+    state. The same Adam bit for bit: torch's CPU kernel treats the elements past the last full vector
+    of a tensor with scalar code, which rounds otherwise, so a stack whose nets' tensors do not fill
+    whole vectors (``_VECTOR_BYTES``) is stepped tensor by tensor (the nets' own, in the same call).
 
     The state stays per parameter (``state_dict``, checkpoints): each parameter's ``exp_avg``,
     ``exp_avg_sq`` and ``step`` become views into stacked tensors on the first step that finds
     them elsewhere (after the first step, or a checkpoint load). A step is torch's own whenever
-    the stacked one does not apply (or torch has no ``torch._fused_adam_``, the private kernel of its
-    fused Adam that the stacked step calls): a parameter's gradient is not the view the stacks handed out
+    the stacked one does not apply: a parameter's gradient is not the view the stacks handed out
     (a member-parallel slice, data-parallel copies), the steps differ, or an option the stacked
     step does not take (amsgrad, a tensor lr, several parameter groups, a GradScaler's scale).
     """
@@ -134,6 +133,11 @@ class StackedAdam(torch.optim.Adam):
         super().__init__(params, lr=lr, fused=True)
         self.shared_stacks = stacks
         self._views: list | None = None
+        # the step counts the functional step reads and advances, one per tensor stepped (it advances
+        # each count passed to it, while the stacked state holds one per net), and the state's counts
+        # they were copied from: copied again when those change (a load) or torch's own step ran
+        self._counts: list[Tensor] = []
+        self._counted: list[Tensor] = []
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -143,20 +147,24 @@ class StackedAdam(torch.optim.Adam):
                 loss = closure()
         stacked = self._stacked()
         if stacked is None:
+            self._counted = []  # the counts move without the functional step's
             # torch's step itself: the class attribute is wrapped in the optimizer's hooks, which ran
             getattr(torch.optim.Adam.step, "__wrapped__", torch.optim.Adam.step)(self)
             return loss
+        (tensors, grads, avgs, sqs, steps), counter = stacked
+        if len(steps) != len(self._counted) or any(a is not b for a, b in zip(steps, self._counted)):
+            self._counts, self._counted = list(torch.stack(steps).unbind(0)), steps
         group = self.param_groups[0]
-        params, grads, avgs, sqs, steps, counter = stacked
-        counter.add_(1)
-        FUSED_ADAM(params, grads, avgs, sqs, [], steps, lr=group["lr"], beta1=group["betas"][0],
-                           beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
-                           amsgrad=False, maximize=group["maximize"])
+        functional_adam(tensors, grads, avgs, sqs, [], self._counts, fused=True, amsgrad=False,
+                        beta1=group["betas"][0], beta2=group["betas"][1], lr=group["lr"],
+                        weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+        counter.add_(1)  # every parameter's count, as the functional step advanced its own
         return loss
 
     def _stacked(self) -> tuple | None:
-        """The stacked tensors of a step, or None where the stacked step does not apply."""
-        if len(self.param_groups) != 1 or FUSED_ADAM is None:
+        """The stacked tensors of a step (lists of tensors, gradients, exp_avg, exp_avg_sq, steps) and
+        the stacked step counts, or None where the stacked step does not apply."""
+        if len(self.param_groups) != 1:
             return None
         group = self.param_groups[0]
         if (group["amsgrad"] or group.get("decoupled_weight_decay") or not group["fused"]
@@ -186,7 +194,7 @@ class StackedAdam(torch.optim.Adam):
             for item in items:
                 for lst, t in zip(tensors, item):
                     lst.append(t)
-        return (*tensors, counter)
+        return tensors, counter
 
     def _state_stacked(self, groups: list[list[Tensor]]) -> bool:
         """Whether every parameter's state is a view into the stacked state (made so if it can be)."""
