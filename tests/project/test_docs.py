@@ -1,5 +1,6 @@
-"""The documentation: every ``docs/theory.md#<anchor>`` pointer in the code resolves, and the site
-builds with ``mkdocs build --strict`` (broken links, anchors and docstring warnings fail it)."""
+"""The documentation: every ``docs/theory.md#<anchor>`` pointer in the code resolves, the README
+stays short and its links into ``docs/`` resolve, and the site builds with ``mkdocs build --strict``
+(broken links, anchors and docstring warnings fail it)."""
 from __future__ import annotations
 
 import os
@@ -31,15 +32,19 @@ def _source_files() -> list[Path]:
     return files
 
 
-def _theory_anchors() -> set[str]:
-    """The ids the page really has: theory.md rendered by Python-Markdown with the site's
-    extensions (heading ids from ``{#id}`` or the title, ids set inline by ``attr_list``)."""
+def _anchors(page: Path) -> set[str]:
+    """The ids a page really has: rendered by Python-Markdown with the site's extensions (heading
+    ids from ``{#id}`` or the title, ids set inline by ``attr_list``)."""
     markdown = pytest.importorskip("markdown")
     pytest.importorskip("pymdownx")
-    html = markdown.markdown(THEORY.read_text(encoding="utf-8"),
+    html = markdown.markdown(page.read_text(encoding="utf-8"),
                              extensions=["toc", "attr_list", "tables", "pymdownx.arithmatex"],
                              extension_configs={"pymdownx.arithmatex": {"generic": True}})
     return set(re.findall(r'\bid="([^"]+)"', html))
+
+
+def _theory_anchors() -> set[str]:
+    return _anchors(THEORY)
 
 
 def test_every_theory_pointer_resolves_and_no_old_pointer_remains():
@@ -58,6 +63,27 @@ def test_every_theory_pointer_resolves_and_no_old_pointer_remains():
     broken = [f"{where}: #{a}" for where, a in pointers if a not in anchors]
     assert not broken, "pointers to anchors docs/theory.md does not have:\n" + "\n".join(broken)
     assert not old, f"pointers to {OLD_NAME}, which is not in the repository:\n" + "\n".join(old)
+
+
+README = REPO / "README.md"
+MAX_README_LINES = 250  # issue 32: what a newcomer needs in the first hour; the rest is in docs/
+# a Markdown link or image whose target is in docs/: ``[text](docs/page.md#anchor)``
+DOCS_LINK = re.compile(r"\]\((docs/[^)\s#]+)(?:#([A-Za-z0-9_-]+))?\)")
+
+
+def test_readme_is_short_and_its_docs_links_resolve():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_README_LINES, f"README.md has {len(text.splitlines())} lines"
+    links = DOCS_LINK.findall(text)
+    # it points a newcomer at every page of the site
+    pages = {target for target, _ in links if target.endswith(".md")}
+    assert {f"docs/{name}.md" for name in
+            ("models", "recipes", "theory", "reproductions", "performance", "development")} <= pages, pages
+    missing = sorted({target for target, _ in links if not (REPO / target).is_file()})
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+    broken = sorted(f"{target}#{anchor}" for target, anchor in links
+                    if anchor and anchor not in _anchors(REPO / target))
+    assert not broken, f"README.md links to anchors the pages lack: {broken}"
 
 
 def test_every_module_has_an_api_entry():
