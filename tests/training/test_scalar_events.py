@@ -35,6 +35,25 @@ def test_one_event_per_record_reads_back_as_lightnings_event_per_scalar(tmp_path
     assert events == 1 + len(RECORDS)  # the file's version event, then one per record
 
 
+def test_records_after_the_writer_was_closed_reach_a_new_event_file(tmp_path):
+    """A closed SummaryWriter has no ``file_writer``: the next record goes through ``log_metrics``,
+    whose ``add_scalar`` opens a new event file, and the ones after it are one event again."""
+    ours, theirs = TensorBoardLogger(tmp_path, name="ours"), TensorBoardLogger(tmp_path, name="theirs")
+    for step, values in zip([0, 10, 20, 30], RECORDS):
+        if step == 20:
+            ours.finalize("success"), theirs.finalize("success")  # closes the writers
+            assert ours.experiment.file_writer is None
+        write_scalars(ours, values, step)
+        theirs.log_metrics(values, step=step)
+    ours.experiment.flush(), theirs.experiment.flush()
+    assert scalars(ours.log_dir) == scalars(theirs.log_dir)
+    first, second = sorted(Path(ours.log_dir).glob("events.out.tfevents.*"), key=lambda f: f.stat().st_mtime)
+    # the first file: its version event and two records; the new one: its version event, the record
+    # that reopened it (an event a scalar) and the next record as one event
+    assert sum(1 for _ in EventFileLoader(str(first)).Load()) == 1 + 2
+    assert sum(1 for _ in EventFileLoader(str(second)).Load()) == 1 + len(RECORDS[2]) + 1
+
+
 def test_a_logger_of_another_kind_a_prefix_or_an_own_log_metrics_get_log_metrics(tmp_path):
     seen = []
 

@@ -7,7 +7,8 @@ quickstart record logs. A TensorBoard ``Summary`` holds any number of values, so
 record's scalars as one event with one value per tag: the same tags, steps and float32 values,
 read back alike by TensorBoard and ``EventAccumulator`` (tests/training/test_scalar_events.py), at ~0.4 ms
 a record (``bench/bench_logging.py``). Every other logger, and a ``TensorBoardLogger`` that a user
-subclassed to change ``log_metrics`` or gave a ``prefix``, gets ``log_metrics`` as before."""
+subclassed to change ``log_metrics`` or gave a ``prefix``, gets ``log_metrics`` as before. The event
+goes through the writer's public ``file_writer`` (``FileWriter.add_summary``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -27,17 +28,23 @@ def write_scalars(logger: Logger, values: Mapping[str, float], step: int) -> Non
         from torch.utils.tensorboard import SummaryWriter
 
         writer = logger.experiment
-        if not isinstance(writer, SummaryWriter):  # tensorboardX's, where torch's is missing
+        # the writer's public event file (torch's own add_hparams writes through it); None once the
+        # writer was closed, when log_metrics' add_scalar opens a new one (then this path again)
+        file_writer = getattr(writer, "file_writer", None) if isinstance(writer, SummaryWriter) else None
+        if file_writer is None:  # closed, or tensorboardX's writer where torch's is missing
             logger.log_metrics(dict(values), step=step)
             return
         summary = Summary()
         add = summary.value.add  # (half the time of a list of Summary.Value)
         for k, v in values.items():
             add(tag=k, simple_value=float(v))  # simple_value, as add_scalar writes: the value rounded to float32
-        writer._get_file_writer().add_summary(summary, step)
+        file_writer.add_summary(summary, step)
 
 
 def _plain_tensorboard(logger: Logger) -> bool:
-    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own and puts no prefix on the tags."""
+    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own and puts no prefix on the tags.
+
+    The prefix is read from Lightning's private ``_prefix`` (it has no public accessor; listed in
+    docs/development.md): a release without it gets ``log_metrics``, which puts on the prefix itself."""
     return (isinstance(logger, TensorBoardLogger) and type(logger).log_metrics is TensorBoardLogger.log_metrics
-            and not getattr(logger, "_prefix", ""))
+            and getattr(logger, "_prefix", None) == "")
