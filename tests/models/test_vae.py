@@ -274,7 +274,7 @@ def test_sweep_rejects_bad_seeds_and_unknown_members():
     assert sweep.select([{"g": 2, "seed": 0}])[0][1] is sweep.members[1]
     with pytest.raises(ValueError, match="no member has .*'g': 3"):
         sweep.select([{"g": 1.0}, {"g": 3}])
-    assert isinstance(sweep.members[0].schemes["init_encoder"], Gain)
+    assert isinstance(sweep.members[0].schemes["init"], Gain)
     assert isinstance(sweep.members[0].schemes["init_decoder"], Xavier)
 
 

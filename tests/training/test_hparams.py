@@ -67,5 +67,5 @@ def test_modules_built_inside_another_record_their_own_arguments(in_tmp):
     assert sweep.hparams["_instantiator"] == "lightning.pytorch.cli.instantiate_module"
     members = [dict(m.hparams) for m in sweep.members]
     assert all("_class_path" not in m and "_instantiator" not in m and m["beta"] == 3.0 for m in members)
-    assert {m["init_encoder"]["init_args"]["g"] for m in members} == {0.5, 1.0}
+    assert {m["init"]["init_args"]["g"] for m in members} == {0.5, 1.0}
     assert all(m["encoder_widths"] == [4] and m["latent_dim"] == 2 for m in members)

@@ -40,6 +40,7 @@ def check_checkpoint(path: str | os.PathLike | None, model: nn.Module) -> None:
                                 "lightning_logs/version_N/checkpoints/*.ckpt")
     ckpt = _load(path, where)
     stored = ckpt.get("hyper_parameters") or {}
+    stored = getattr(type(model), "resolve_aliases", dict)(stored)  # old names (init_w, eta) as today's (init, lr)
     _check_class(stored.get("_class_path"), model, where)
     # sizes a module learns from the data at setup (this check runs before setup) are not the config's
     learnt = set(getattr(model, "hparams_from_data", ()))

@@ -28,7 +28,6 @@ import torch
 from zoo.training.lazy import lazy_instance
 from torch import Tensor, nn
 
-from zoo.training.divergence import check_finite
 from zoo.training.ewc import EWC
 from zoo.training.hparams import save_own_hyperparameters
 from zoo.init import EntropyMix, Gaussian, InitScheme
@@ -51,7 +50,8 @@ class MultiHeadClassifier(MultiHeadModule):
         activation: ``"sigmoid"`` (the paper's), ``"erf"``, ``"relu"``, ``"tanh"`` or ``"linear"``
             (a subclass may override ``activation(lam)``).
         lr: SGD learning rate.
-        init_w: scheme of the hidden layer (pre-activations are ``W x / sqrt n_in``).
+        init: scheme of the hidden layer (pre-activations are ``W x / sqrt n_in``); ``init_w`` is
+            its former name (``ZooModule.aliases``).
         init_heads: scheme of every head (``entropy_mix``: [S] App. G's entropy and scale).
         init_later_heads: scheme of the heads of tasks 2, 3, ... if different.
         ensemble: number of initialisations; default: the schemes' list length.
@@ -67,6 +67,7 @@ class MultiHeadClassifier(MultiHeadModule):
     sets_arg = sets_attr = "data_sets"
     step_size_name = "lr"
     sizes_shared_with_data = ("n_in", "n_classes")
+    aliases = {"init_w": "init"}
 
     def __init__(
         self,
@@ -76,7 +77,7 @@ class MultiHeadClassifier(MultiHeadModule):
         n_tasks: int = 2,
         activation: Activation = "sigmoid",
         lr: float = 0.1,
-        init_w: InitScheme = lazy_instance(Gaussian, sigma=1.0),
+        init: InitScheme = lazy_instance(Gaussian, sigma=1.0),
         init_heads: InitScheme = lazy_instance(EntropyMix, gamma=1.0, sigma=0.1),
         init_later_heads: InitScheme | None = None,
         ensemble: int | None = None,
@@ -84,15 +85,15 @@ class MultiHeadClassifier(MultiHeadModule):
         grid: bool = False,
         ewc: EWC | None = None,
         data_sets: int = 1,
+        init_w: InitScheme | None = None,
     ) -> None:
         super().__init__()
-        name = type(self).__name__
-        check_positive_ints(name, n_in=n_in, hidden=hidden, n_classes=n_classes, n_tasks=n_tasks)
+        sizes = check_positive_ints(type(self).__name__, n_in=n_in, hidden=hidden, n_classes=n_classes, n_tasks=n_tasks)
         self.set_activation(activation)
-        self.lr = self.check_step_size(name, "lr", lr)
-        schemes, ewc, plain = self.init_members(init_w, init_heads, init_later_heads, ewc)
+        self.lr = self.check_lr(lr)
+        schemes, ewc, plain = self.init_members(init, init_heads, init_later_heads, ewc)
         save_own_hyperparameters(self, **plain)
-        self.n_in, self.hidden, self.n_classes, self.n_tasks = int(n_in), int(hidden), int(n_classes), int(n_tasks)
+        self.n_in, self.hidden, self.n_classes, self.n_tasks = sizes
         W, heads = self.build_members(schemes, ewc, seed, grid, ensemble, data_sets, self.n_tasks,
                                       (self.hidden, self.n_in), (self.n_classes, self.hidden))
         self.W = nn.Parameter(W)
@@ -140,7 +141,7 @@ class MultiHeadClassifier(MultiHeadModule):
         gradient is ``J^T loss_grad(delta)``: the readout's derivative replaced, as the override says."""
         logits = self(x, task)
         losses = self._cross_entropy(logits, y).mean(1)
-        if type(self).loss_grad is MultiHeadModule.loss_grad:
+        if not self.overrides("loss_grad"):
             return losses.sum(), losses
         target = nn.functional.one_hot(self.member_targets(y).to(logits.device), self.n_classes).to(logits)
         g = self.loss_grad(torch.softmax(logits, -1) - target).detach()
@@ -208,8 +209,7 @@ class MultiHeadClassifier(MultiHeadModule):
         part = self.rank_part(batch)  # data-parallel: this rank's samples
         total, losses = self.training_loss(part["x"], part["y"], task)
         everyone = self.across_ranks(losses.detach())  # every member's, the whole batch's: the same on every rank
-        check_finite(everyone, step=self.global_step, labels=self.labels,
-                     hint=f"lr = {self.lr} is probably too large; try lr / 10.")
+        self.stop_if_diverged(everyone, self.global_step)
         scalars = {"loss": everyone.mean()}
         if self.ewc is not None and self.ewc.active:
             pen = self.ewc.member_penalty({"W": self.W})

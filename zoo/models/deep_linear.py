@@ -15,8 +15,8 @@ by the configured optimizer, counted by Lightning as an optimizer step (``zoo.tr
 its own ``global_step`` counts gradient steps and ``max_steps`` and the callbacks'
 ``every_n_steps`` mean what they say; ``samples_seen`` counts the samples those steps consumed
 (``zoo.training.progress``). The gradients are computed in closed form
-(:meth:`DeepLinearNet.losses_and_gradients`) unless a subclass overrides ``member_loss``, which
-then trains by autograd.
+(:meth:`DeepLinearNet.losses_and_gradients`) unless a subclass overrides ``member_loss``
+(``ZooModule.overrides``), which then trains by autograd.
 
 ``validate`` / ``test`` report the mean squared error per output entry (a torchmetrics
 ``MeanSquaredError``, reduced across devices) of every member on the datamodule's evaluation set:
@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import lightning.pytorch as pl
 import torch
 from zoo.training.lazy import lazy_instance
 from torch import Tensor, nn
@@ -46,7 +45,8 @@ from torchmetrics.regression import MeanSquaredError
 from zoo.training.distributed import MemberParallel, gather_members, is_sharded
 from zoo.training.evaluation import log_at_global_step
 from zoo.kernels.gdln import GradientDescent
-from zoo.training.divergence import check_finite
+from zoo.models.base import ZooModule
+from zoo.training.ensemble import ensemble_size
 from zoo.training.hparams import save_own_hyperparameters
 from zoo.init import InitScheme, LambdaBalanced, PathwayGrid, from_spec
 from zoo.utils.labels import MAX_MEMBER_TAGS, member_labels
@@ -55,14 +55,15 @@ from zoo.training.progress import Progress
 from zoo.training.steps import Updates
 
 
-class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
+class DeepLinearNet(MemberParallel, Progress, ZooModule):
     """An L-layer linear network ``dims = [n_in, n_1, ..., n_out]``, trained by (full-batch) GD.
 
     Args:
         dims: layer widths from input to output, e.g. ``[8, 8, 8]`` for a two-layer network.
         init: the initialisation scheme (``zoo.init``); list-valued parameters make an ensemble.
             Its ``spec()`` dict is accepted too (that is how checkpoints store it).
-        ensemble: number of members; default: the length of the scheme's list parameters.
+        ensemble: number of members (independent draws of a scalar scheme); default: the length of the
+            scheme's list parameters (``zoo.training.ensemble.ensemble_size``).
         lr: learning rate of plain gradient descent (``tau = 1/lr`` steps).
         task_aligned: start from a map that shares the task's singular vectors,
             ``W_L...W_1 = U diag(a0) V^T`` with every mode at strength ``a0 = init.scale``
@@ -75,6 +76,8 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         seed: seed of the initial weights (independent of the global seed, so two modules with the
             same arguments start identical).
     """
+
+    fast_steps = ("member_loss",)
 
     def __init__(
         self,
@@ -91,14 +94,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         scheme = from_spec(init).checked()
         if len(dims) < 2 or any(int(n) < 1 for n in dims):
             raise ValueError(f"DeepLinearNet: dims = {dims}; allowed: at least two positive widths [n_in, ..., n_out]")
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"DeepLinearNet: lr = {lr}; allowed: a positive number")
-        E = scheme.ensemble_size if ensemble is None else ensemble
-        if E < 1 or (scheme.ensemble_size > 1 and E != scheme.ensemble_size):
-            raise ValueError(
-                f"DeepLinearNet: ensemble = {ensemble} but the init scheme describes {scheme.ensemble_size} members; "
-                "leave ensemble unset or make them agree"
-            )
+        lr, E = self.check_lr(lr), ensemble_size("DeepLinearNet", {"init": scheme.ensemble_size}, ensemble)
         if reversed_modes and not task_aligned:
             raise ValueError("DeepLinearNet: reversed_modes needs task_aligned = true (modes are the task's)")
         if steps_per_batch < 1:
@@ -409,7 +405,7 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         first_step = self.global_step
         # a subclass that changes the loss gets autograd; the zoo's own loss has closed-form gradients
-        if type(self).member_loss is DeepLinearNet.member_loss:
+        if not self.overrides("member_loss"):
             first, last, start = self._closed_form_steps(batch)
             # every member's losses on every rank (members are sharded across processes): one exchange
             # and one host sync per call, and every rank takes the same decision on divergence
@@ -539,11 +535,11 @@ class DeepLinearNet(MemberParallel, Progress, pl.LightningModule):
         if bool(torch.isfinite(losses).all()):
             return
         k = int(torch.isfinite(losses).all(-1).logical_not().nonzero()[0])
-        check_finite(
-            losses[k], step=first_step + k, labels=self.labels,
-            hint=f"The learning rate lr={self.lr} is probably too large for this initial scale: the stable "
-            "step shrinks as |lam| and the weights grow (GD needs lr * curvature < 2); try lr / 10.",
-        )
+        self.stop_if_diverged(losses[k], first_step + k)
+
+    def divergence_hint(self) -> str:
+        return (f"The learning rate lr={self.lr} is probably too large for this initial scale: the stable step "
+                "shrinks as |lam| and the weights grow (GD needs lr * curvature < 2); try lr / 10.")
 
     # -- evaluation ([L]'s tasks are fixed data sets: the datamodules evaluate on the task itself) ----
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

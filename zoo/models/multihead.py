@@ -20,20 +20,22 @@ it (:meth:`MultiHeadModule.rank_part`), DDP averages the gradients, the metrics 
 ``phi'`` of the hidden units, elementwise) and ``loss_grad(delta)`` (the derivative of the
 per-sample loss with respect to the readout). The built-in activations are named by the
 ``activation`` argument; a subclass that overrides one of the methods is trained through them
-(``custom_update``), and ``activation_grad`` falls back to autograd of ``activation``.
+(``custom_update``, by ``ZooModule.overrides``), and ``activation_grad`` falls back to autograd of
+``activation``.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import asdict, replace
 from typing import Callable
 
-import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from zoo.models.base import ZooModule, check_positive_ints  # noqa: F401 (re-exported for the families)
 from zoo.training.devices import kept_on
 from zoo.training.distributed import MemberParallel, all_members, is_sharded
 from zoo.training.ensemble import layer_schemes, member_params, multi_head_weights, resolve_members
@@ -103,13 +105,6 @@ class BuiltinActivation(str):
         return phi(str(self), lam)
 
 
-def check_positive_ints(owner: str, **values: object) -> None:
-    """Bad sizes are an error naming the argument, before anything is built."""
-    for arg, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-            raise ValueError(f"{owner}: {arg} = {value!r}; allowed: a positive integer")
-
-
 class MemberMean(Metric):
     """Mean of a per-sample quantity for every ensemble member, (E,): a ``torchmetrics.Metric``, so
     the sums reduce across devices (accuracy: the mean of ``argmax == y``)."""
@@ -134,7 +129,7 @@ def _task_from_buffer(module: "MultiHeadModule", incompatible_keys) -> None:
     module.task_index = int(module.task)
 
 
-class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.LightningModule):
+class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, ZooModule):
     """Base of ``MultiHeadStudent`` and ``MultiHeadClassifier``: members, replication over data sets,
     EWC at the switch, the override points, per-task ``validation_step``/``test_step``.
 
@@ -144,6 +139,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
     task)`` and ``eval_metrics``/``update_eval``.
     """
 
+    fast_steps = ("activation", "activation_grad", "loss_grad")
     sets_arg = "teacher_sets"
     sets_attr = "teacher_sets"
     step_size_name = "eta"
@@ -152,14 +148,16 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
     member (``E G`` is known only at setup) and data-parallel, where :meth:`rank_part` splits each batch."""
 
     # -- construction ---------------------------------------------------------------------------------
-    def init_members(self, init_w, init_heads, init_later_heads, ewc: EWC | dict | None) -> tuple[dict, EWC | None, dict]:
+    def init_members(self, init, init_heads, init_later_heads, ewc: EWC | dict | None) -> tuple[dict, EWC | None, dict]:
         """The checked schemes, the EWC settings (a checkpoint's dict made an ``EWC``) and the plain
         hyperparameters to record for them (a subclass passes these to ``save_own_hyperparameters``)."""
         self.init_progress()
-        schemes = layer_schemes(init_w, init_heads, init_later_heads)
+        schemes = layer_schemes(init, init_heads, init_later_heads)
         if isinstance(ewc, dict):
             ewc = EWC(**ewc)
         plain = {key: scheme.spec() for key, scheme in schemes.items()} | ({"ewc": asdict(ewc)} if ewc else {})
+        if "init" not in inspect.signature(type(self).__init__).parameters:  # TEMPORARY: the student's init_w
+            plain["init_w"] = plain.pop("init")
         return schemes, ewc, plain
 
     def build_members(self, schemes: dict, ewc: EWC | None, seed, grid: bool, ensemble: int | None, sets: int,
@@ -187,7 +185,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
         if activation not in ACTIVATIONS:
             raise ValueError(f"{type(self).__name__}: activation = {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
         self.activation_name = str(activation)
-        if type(self).activation is MultiHeadModule.activation:
+        if not self.overrides("activation"):
             self.activation = BuiltinActivation(activation)
 
     @staticmethod
@@ -307,7 +305,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
     def activation_grad(self, lam: Tensor) -> Tensor:
         """``phi'(lam)``: closed form for the built-ins, autograd of :meth:`activation` when a
         subclass overrides it."""
-        if type(self).activation is MultiHeadModule.activation:
+        if not self.overrides("activation"):
             return phi_grad(self.activation_name, lam)
         with torch.enable_grad():
             z = lam.detach().requires_grad_(True)
@@ -324,8 +322,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, pl.Lightni
     @property
     def custom_update(self) -> bool:
         """Whether a subclass overrides an override point: training then goes through them."""
-        cls = type(self)
-        return any(getattr(cls, m) is not getattr(MultiHeadModule, m) for m in ("activation", "activation_grad", "loss_grad"))
+        return any(self.overrides(m) for m in self.fast_steps)
 
     # -- data sets ------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import lightning.pytorch as pl
 import torch
 from zoo.training.lazy import lazy_instance
 from torch import Tensor, nn
 
 from zoo.training.distributed import MemberParallel, is_sharded
-from zoo.training.divergence import check_finite, drop_diverged
+from zoo.models.base import ZooModule, check_positive_ints
+from zoo.training.divergence import drop_diverged
 from zoo.training.hparams import save_own_hyperparameters
 from zoo.init import Imbalance, InitScheme, from_spec
 from zoo.training.ensemble import grid_product
@@ -48,7 +48,7 @@ CHUNK = 1024
 """Data points per forward pass of :meth:`SparseAutoencoder.measure` (bounds memory; results do not depend on it)."""
 
 
-class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.LightningModule):
+class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, ZooModule):
     """A one-hidden-layer ReLU autoencoder with an optional L1 penalty on its hidden activity.
 
     Args:
@@ -84,14 +84,10 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (("d", d), ("n", n)):
-            if isinstance(value, bool) or int(value) != value or value < 1:
-                raise ValueError(f"{name}: {arg} = {value!r}; allowed: a positive integer")
+        check_positive_ints(name, d=d, n=n)
         l1s = [float(x) for x in l1] if isinstance(l1, (list, tuple)) else [float(l1)]
         if not l1s or any(not (x >= 0 and math.isfinite(x)) for x in l1s):
             raise ValueError(f"{name}: l1 = {l1!r}; allowed: a number >= 0 or a non-empty list of them")
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"{name}: lr = {lr!r}; allowed: a positive number")
         if optimizer not in ("sgd", "adam"):
             raise ValueError(f"{name}: optimizer = {optimizer!r}; allowed: 'sgd' or 'adam'")
         if on_divergence not in ("stop", "drop"):
@@ -106,7 +102,7 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
             raise ValueError(f"{name}: {len(l1s)} values of l1 but the init describes {E} members; give lists of one "
                              "length, or grid: true for their product")
         E = max(E, len(l1s))
-        self.d, self.n, self.lr, self.optimizer_name, self.scheme = int(d), int(n), float(lr), optimizer, scheme
+        self.d, self.n, self.lr, self.optimizer_name, self.scheme = int(d), int(n), self.check_lr(lr), optimizer, scheme
         self.register_buffer("l1", torch.tensor(l1s * (E if len(l1s) == 1 else 1), dtype=torch.float32))
         W_enc, W_dec = scheme.weights([(self.n, self.d), (self.d, self.n)], ensemble=E,
                                       generator=torch.Generator().manual_seed(int(seed)))
@@ -225,15 +221,14 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, pl.Lightning
         x = self._vectors(batch)
         self.count_samples(x.shape[0], per_rank=True)  # data-parallel: this rank's part of the batch
         parts = self.member_loss(x)
-        hint = f"lr = {self.lr} is probably too large; try lr / 10."
         # every member's numbers on every rank (one gather; identity in one process): all ranks decide alike
         full = self.all_member_values(torch.stack([parts["loss"].detach(), parts["reconstruction"].detach()], 1))
         if self.on_divergence == "stop":
-            check_finite(full[:, 0], step=self.global_step, labels=self.labels, hint=hint)
+            self.stop_if_diverged(full[:, 0], self.global_step)
         else:
             # data-parallel, each rank saw its own part of the batch: a member drops out everywhere or nowhere
-            self.alive = drop_diverged(full[:, 0], self.alive, step=self.global_step, labels=self.labels, hint=hint,
-                                       replicated=not is_sharded(self))
+            self.alive = drop_diverged(full[:, 0], self.alive, step=self.global_step, labels=self.labels,
+                                       hint=self.divergence_hint(), replicated=not is_sharded(self))
         alive = self.alive
         n_alive = alive.sum()
         # masked sums rather than boolean indexing: no host sync

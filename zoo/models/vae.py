@@ -56,14 +56,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar
 
-import lightning.pytorch as pl
 import torch
 from zoo.training.lazy import lazy_instance
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from zoo.training.distributed import is_sharded
+from zoo.models.base import ZooModule, check_positive_ints
 from zoo.training.divergence import check_finite
+from zoo.training.ensemble import ensemble_size
 from zoo.training.hparams import save_own_hyperparameters, store_hparams
 from zoo.init import Gain, InitScheme, Xavier, from_spec
 from zoo.utils.labels import MAX_MEMBER_TAGS, member_labels
@@ -137,16 +138,10 @@ def active_latents(mu: Tensor, threshold: float = ACTIVE_THRESHOLD) -> Tensor:
     return (mu.detach().var(0) > threshold).sum().float()
 
 
-def _positive_int(owner: str, name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}: {name} = {value!r}; allowed: a positive integer")
-    return value
-
-
 def _widths(owner: str, name: str, widths: Sequence[int]) -> list[int]:
     if len(widths) < 1:
         raise ValueError(f"{owner}: {name} = {list(widths)}; allowed: at least one hidden width")
-    return [_positive_int(owner, f"{name}[{i}]", w) for i, w in enumerate(widths)]
+    return list(check_positive_ints(owner, **{f"{name}[{i}]": w for i, w in enumerate(widths)}))
 
 
 def _mlp(dims: Sequence[int]) -> nn.Sequential:
@@ -250,6 +245,9 @@ class _Evaluation(StagedEvaluation, Progress):
 
     labels: list[str]
 
+    def divergence_hint(self) -> str:
+        return f"lr = {self.lr} may be too large (try lr / 10), or the init too large."
+
     def init_evaluation(self, members: int) -> None:
         self.init_progress()
         self.eval_metrics = nn.ModuleDict({"val": Reconstruction(members), "test": Reconstruction(members)})
@@ -291,7 +289,7 @@ class _Evaluation(StagedEvaluation, Progress):
 # ------------------------------------------------------------------------------------------------
 # the model
 # ------------------------------------------------------------------------------------------------
-class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
+class BetaVAE(_OwnNoise, _Evaluation, ZooModule):
     """A beta-VAE with deep fully connected encoder and decoder ([S] Sec. 3.2, App. D).
 
     Args:
@@ -300,7 +298,8 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
         lr: Adam's learning rate (1e-4, the framework's default).
         encoder_widths: hidden widths of the encoder body (four layers in [S]).
         decoder_widths: hidden widths of the decoder.
-        init_encoder: scheme of the encoder's weights; ``Gain(g)`` is [S]'s experiment.
+        init: scheme of the encoder's weights; ``Gain(g)`` is [S]'s experiment (``init_encoder``,
+            its former name, is an alias: ``ZooModule.aliases``).
         init_decoder: scheme of the decoder's weights.
         image_shape: ``[C, H, W]`` of the inputs; default: read from the datamodule's
             ``image_shape`` at setup (and stored, so checkpoints load).
@@ -309,6 +308,9 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
 
     # hyperparameters set from the datamodule at setup, not by the config (zoo.cli.checkpoint_checks)
     hparams_from_data: tuple[str, ...] = ("image_shape",)
+    aliases = {"init_encoder": "init"}
+    # the steps the vectorised sweep computes for every member at once (BetaVAESweep._vectorised)
+    fast_steps = ("encode", "decode", "losses", "build", "reparameterise", "regulariser")
 
     def __init__(
         self,
@@ -317,29 +319,27 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
         lr: float = 1e-4,
         encoder_widths: list[int] = ENCODER_WIDTHS,
         decoder_widths: list[int] = DECODER_WIDTHS,
-        init_encoder: InitScheme = lazy_instance(Gain, g=1.0),
+        init: InitScheme = lazy_instance(Gain, g=1.0),
         init_decoder: InitScheme = lazy_instance(Xavier, gain=1.0),
         image_shape: list[int] | None = None,
         seed: int = 0,
+        init_encoder: InitScheme | None = None,
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        self.latent_dim = _positive_int(name, "latent_dim", latent_dim)
+        (self.latent_dim,) = check_positive_ints(name, latent_dim=latent_dim)
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"{name}: beta = {beta!r}; allowed: a number >= 0")
-        if not (math.isfinite(lr) and lr > 0):
-            raise ValueError(f"{name}: lr = {lr!r}; allowed: a positive number")
         self.encoder_widths = _widths(name, "encoder_widths", encoder_widths)
         self.decoder_widths = _widths(name, "decoder_widths", decoder_widths)
-        self.schemes = {"init_encoder": from_spec(init_encoder).checked(),
-                        "init_decoder": from_spec(init_decoder).checked()}
+        self.schemes = {"init": from_spec(init).checked(), "init_decoder": from_spec(init_decoder).checked()}
         for key, scheme in self.schemes.items():
             if scheme.ensemble_size > 1:
                 raise ValueError(
                     f"{name}: {key} has list-valued parameters ({scheme!r}): one BetaVAE is one model; "
                     "use zoo.models.vae.BetaVAESweep to train one model per value"
                 )
-        self.beta, self.lr, self.seed = float(beta), float(lr), int(seed)
+        self.beta, self.lr, self.seed = float(beta), self.check_lr(lr), int(seed)
         self.labels = [""]
         self.init_evaluation(1)
         save_own_hyperparameters(self, **{key: scheme.spec() for key, scheme in self.schemes.items()})
@@ -363,7 +363,7 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
         self.encoder = _mlp([D, *self.encoder_widths, 2 * L])
         self.decoder = _mlp([L, *self.decoder_widths, D])
         generator = torch.Generator().manual_seed(self.seed)
-        _fill(self.encoder, self.schemes["init_encoder"], generator)
+        _fill(self.encoder, self.schemes["init"], generator)
         _fill(self.decoder, self.schemes["init_decoder"], generator)
 
     @property
@@ -509,8 +509,7 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
         stats = _mean_over_ranks(torch.cat([torch.stack([out[k].detach().float() for k in
                                                          ("loss", "reconstruction", "kl", "active_latents")]),
                                             out["kl_per_latent"].detach().float()]))
-        check_finite(stats[:1], step=self.global_step, labels=[type(self).__name__],
-                     hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
+        check_finite(stats[:1], step=self.global_step, labels=[type(self).__name__], hint=self.divergence_hint())
         # the zoo's rows, not Lightning's (zoo.training.logs.log_batch_rows: the same after a resume); the step
         # of the weights the losses were measured on, before this batch's update
         log_batch_rows(self, self.global_step, {"loss": stats[0], "reconstruction": stats[1], "kl": stats[2],
@@ -525,10 +524,10 @@ class BetaVAE(_OwnNoise, _Evaluation, pl.LightningModule):
 # ------------------------------------------------------------------------------------------------
 # a sweep of independent models in one fit
 # ------------------------------------------------------------------------------------------------
-class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
+class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, ZooModule):
     """Independent beta-VAEs trained side by side on the same batches: one per (init member, seed).
 
-    ``init_encoder: Gain(g=[0.3, 1, 3])`` with ``seeds: [0, 1, 2, 3]`` gives 12 models, member
+    ``init: Gain(g=[0.3, 1, 3])`` with ``seeds: [0, 1, 2, 3]`` gives 12 models, member
     ``i * len(seeds) + j`` with gain ``g[i]`` and seed ``seeds[j]``: ``member_params[k]`` is that
     member's list-valued init parameters and seed (``{"g": 0.3, "seed": 0}``), its label the
     ones that vary (``zoo.utils.labels.member_labels``: ``g=0.3,seed=0``). The
@@ -556,10 +555,11 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
     hparams_from_data: tuple[str, ...] = ("image_shape",)
 
     member_class: ClassVar[type[BetaVAE]] = BetaVAE
+    aliases = BetaVAE.aliases
 
     def __init__(  # what is swept first
         self,
-        init_encoder: InitScheme = lazy_instance(Gain, g=[0.3, 1.0, 3.0]),
+        init: InitScheme = lazy_instance(Gain, g=[0.3, 1.0, 3.0]),
         init_decoder: InitScheme = lazy_instance(Xavier, gain=1.0),
         seeds: list[int] = [0, 1, 2, 3],
         latent_dim: int = 10,
@@ -569,31 +569,29 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         decoder_widths: list[int] = DECODER_WIDTHS,
         image_shape: list[int] | None = None,
         vectorise: bool = True,
+        init_encoder: InitScheme | None = None,
     ) -> None:
         super().__init__()
         name = type(self).__name__
         if not isinstance(vectorise, bool):
             raise ValueError(f"{name}: vectorise = {vectorise!r}; allowed: true or false")
         self.vectorise = vectorise
-        enc, dec = from_spec(init_encoder).checked(), from_spec(init_decoder).checked()
+        enc, dec = from_spec(init).checked(), from_spec(init_decoder).checked()
         if not seeds:
             raise ValueError(f"{name}: seeds = {seeds!r}; allowed: a non-empty list of integers")
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{name}: seeds = {seeds!r} repeat a seed; allowed: distinct integers")
-        sizes = {"init_encoder": enc.ensemble_size, "init_decoder": dec.ensemble_size}
-        n_init = max(sizes.values())
-        if any(s not in (1, n_init) for s in sizes.values()):
-            raise ValueError(f"{name}: the init schemes describe different numbers of models {sizes}; "
-                             "give list parameters of one length (or scalars)")
-        save_own_hyperparameters(self, init_encoder=enc.spec(), init_decoder=dec.spec())
-        self.lr = float(lr)
+        # seeds replicate every initialisation (the ensemble rule's replication, with named seeds)
+        n_init = ensemble_size(name, {"init": enc.ensemble_size, "init_decoder": dec.ensemble_size})
+        save_own_hyperparameters(self, init=enc.spec(), init_decoder=dec.spec())
+        self.lr = self.check_lr(lr)
         self.member_params: list[dict] = []
         members = []
         for i in range(n_init):
             for s in seeds:
                 members.append(self.member_class(
                     latent_dim=latent_dim, beta=beta, lr=lr, encoder_widths=encoder_widths,
-                    decoder_widths=decoder_widths, init_encoder=enc.member(i) if enc.ensemble_size > 1 else enc,
+                    decoder_widths=decoder_widths, init=enc.member(i) if enc.ensemble_size > 1 else enc,
                     init_decoder=dec.member(i) if dec.ensemble_size > 1 else dec, image_shape=image_shape,
                     seed=int(s)))
                 self.member_params.append({**self._varying(enc, dec, i), "seed": int(s)})
@@ -664,8 +662,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         """Whether a step runs the members together (``vectorise`` and a member class whose network
         and loss are BetaVAE's own)."""
         cls = type(self.members[0])
-        return self.vectorise and all(getattr(cls, f) is getattr(BetaVAE, f)
-                                      for f in ("encode", "decode", "losses", "build"))
+        return self.vectorise and not any(cls.overrides(f) for f in ("encode", "decode", "losses", "build"))
 
     def _losses_one_by_one(self, x: Tensor, step: int) -> dict[str, Tensor]:
         """``losses`` of this rank's members, each entry stacked over them."""
@@ -706,7 +703,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         pixels = x.flatten(1).to(models[0].encoder[0].weight.dtype)
         mu, logvar = stacked_mlp(pixels, encoder).chunk(2, dim=-1)
         cls, B = type(models[0]), x.shape[0]
-        if cls.reparameterise is BetaVAE.reparameterise:  # one noise tensor, one transfer
+        if not cls.overrides("reparameterise"):  # one noise tensor, one transfer
             eps = [m.draw_noise(B) if k in local else m.skip_noise(B) for k, m in enumerate(self.members)]
             eps = torch.stack([e for e in eps if e is not None])
             if mu.device.type == "cuda":
@@ -722,7 +719,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         recon = bernoulli_nll(logits.transpose(1, 2), pixels.t().to(logits.dtype).contiguous(), dim=-2).mean(-1)
         kl = gaussian_kl(mu, logvar)
         kl_per_latent = kl.mean(1)
-        if cls.regulariser is BetaVAE.regulariser:  # beta KL of every member at once
+        if not cls.overrides("regulariser"):  # beta KL of every member at once
             betas = {m.beta for m in models}
             beta = betas.pop() if len(betas) == 1 else torch.tensor([m.beta for m in models]).to(kl)
             reg = beta * kl.sum(-1).mean(-1)
@@ -748,8 +745,7 @@ class BetaVAESweep(ModuleMembers, _OwnNoise, _Evaluation, pl.LightningModule):
         stats = self._all_members(torch.stack([out[k].detach().float() for k in
                                                ("loss", "reconstruction", "kl", "active_latents")], 1))
         loss, recon, kl, active = stats.unbind(1)
-        check_finite(loss, step=self.global_step, labels=self.labels,
-                     hint=f"lr = {self.lr} may be too large (try lr / 10), or the init too large.")
+        self.stop_if_diverged(loss, self.global_step)
         scalars = {"loss": loss.mean(), "reconstruction": recon.mean(), "kl": kl.mean(), "active_latents": active.mean()}
         if len(self.members) <= MAX_MEMBER_TAGS:
             for tag, values in (("reconstruction", recon), ("kl", kl), ("active_latents", active)):

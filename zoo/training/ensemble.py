@@ -47,7 +47,7 @@ def member_params(schemes: dict[str, InitScheme], E: int, seeds: list[int] | Non
                   xis: list[float] | None = None) -> list[dict[str, float]]:
     """One dict per member of what tells the members apart: the init parameters that vary (a later
     head's with a ``2`` suffix: ``theta2``; a name two layers share is qualified by its layer,
-    ``init_w.sigma``), and ``seed`` and EWC's ``xi`` where they vary. ``zoo.utils.labels.member_labels``
+    ``init.sigma``), and ``seed`` and EWC's ``xi`` where they vary. ``zoo.utils.labels.member_labels``
     names members from it."""
     out: list[dict[str, float]] = [{} for _ in range(E)]
     for key, scheme in schemes.items():
@@ -64,11 +64,11 @@ def member_params(schemes: dict[str, InitScheme], E: int, seeds: list[int] | Non
     return out
 
 
-def layer_schemes(init_w, init_heads, init_later_heads=None) -> dict[str, InitScheme]:
-    """The schemes of a two-layer multi-head module ([S] Sec. 2.2): ``init_w``, ``init_heads``
+def layer_schemes(init, init_heads, init_later_heads=None) -> dict[str, InitScheme]:
+    """The schemes of a two-layer multi-head module ([S] Sec. 2.2): ``init`` (of ``W``), ``init_heads``
     and, if given, ``init_later_heads`` (the heads of tasks 2, 3, ...), from specs or schemes,
     with jsonargparse's lazy defaults materialised."""
-    schemes = {"init_w": from_spec(init_w), "init_heads": from_spec(init_heads)}
+    schemes = {"init": from_spec(init), "init_heads": from_spec(init_heads)}
     if init_later_heads is not None:
         schemes["init_later_heads"] = from_spec(init_later_heads)
     for scheme in schemes.values():
@@ -87,28 +87,34 @@ class Members:
     base_seed: int
 
 
+def ensemble_size(owner: str, sizes: dict[str, int], ensemble: int | None = None) -> int:
+    """The zoo's one ensemble-size rule (docs/models-skeleton.md#ensembles): the common length of the
+    list-valued settings ``sizes`` (name -> length; a length of 1 broadcasts to every member).
+    ``ensemble`` is a replication count for where every setting is a scalar (that many independent
+    draws of the weights) and must equal the lists' length otherwise. A mismatch is an error naming
+    every setting and its length."""
+    if ensemble is not None and (isinstance(ensemble, bool) or int(ensemble) != ensemble or ensemble < 1):
+        raise ValueError(f"{owner}: ensemble = {ensemble!r}; allowed: a positive integer")
+    lists = {key: int(n) for key, n in sizes.items() if n > 1} | ({} if ensemble is None else {"ensemble": int(ensemble)})
+    if len(set(lists.values())) > 1:
+        given = ", ".join(f"{key} = {n}" for key, n in lists.items())
+        raise ValueError(f"{owner}: the ensemble sizes disagree ({given}); give lists of one common length (or "
+                         "scalars, which broadcast), and leave ensemble unset or equal to that length")
+    return next(iter(lists.values()), 1)
+
+
 def resolve_members(name: str, schemes: dict[str, InitScheme], seed: int | list[int], xis: list[float] | None,
                     grid: bool, ensemble: int | None) -> Members:
     """Zip the list-valued parameters of ``schemes``, ``seed`` and ``xis`` into members (or, with
-    ``grid``, take their Cartesian product); lists of different lengths, or an ``ensemble`` that
-    disagrees with them, are an error naming each size."""
+    ``grid``, take their Cartesian product), sized by :func:`ensemble_size`."""
     seeds = [int(s) for s in seed] if isinstance(seed, (list, tuple)) else None
     if grid:
         schemes, lists = grid_product(schemes, {"seed": seeds, "xi": xis})
         seeds, xis = lists["seed"], lists["xi"]
     schemes = {key: scheme.checked() for key, scheme in schemes.items()}
-    sizes = {k: s.ensemble_size for k, s in schemes.items() if s.ensemble_size > 1}
-    for key, values in (("seed", seeds), ("ewc.xi", xis)):
-        if values is not None and len(values) > 1:
-            sizes[key] = len(values)
-    if ensemble is not None:
-        sizes["ensemble"] = ensemble
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"{name}: the ensemble sizes disagree: {sizes}; give lists of one common length (or scalars)")
-    E = next(iter(sizes.values()), 1)
-    if isinstance(E, bool) or int(E) != E or E < 1:
-        raise ValueError(f"{name}: ensemble = {ensemble!r}; allowed: a positive integer")
-    E = int(E)
+    sizes = {key: s.ensemble_size for key, s in schemes.items()}
+    sizes |= {key: len(values) for key, values in (("seed", seeds), ("ewc.xi", xis)) if values is not None}
+    E = ensemble_size(name, sizes, ensemble)
     if seeds is not None and len(seeds) == 1:
         seeds = seeds * E
     if xis is not None and len(xis) == 1:
@@ -118,11 +124,11 @@ def resolve_members(name: str, schemes: dict[str, InitScheme], seed: int | list[
 
 def multi_head_weights(members: Members, n_tasks: int, w_shape: tuple[int, ...],
                        head_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-    """Initial weights of a two-layer multi-head module: ``W`` (E, *w_shape) from ``init_w`` and
+    """Initial weights of a two-layer multi-head module: ``W`` (E, *w_shape) from ``init`` and
     the heads (E, n_tasks, *head_shape), task 1's from ``init_heads`` and later ones from
     ``init_later_heads`` when given; each layer (and head) from its own generator seed."""
     s = members.schemes
-    W = replicate_schemes(s["init_w"], members.E, members.seeds, [w_shape], members.base_seed)
+    W = replicate_schemes(s["init"], members.E, members.seeds, [w_shape], members.base_seed)
     heads = []
     for t in range(n_tasks):
         scheme = s["init_later_heads"] if t > 0 and "init_later_heads" in s else s["init_heads"]

@@ -49,7 +49,8 @@ def _names(class_path: object, cls: type) -> bool:
 def save_own_hyperparameters(module: pl.LightningModule, **plain: Any) -> None:
     """``save_hyperparameters()`` for the ``__init__`` that calls this (a subclass's arguments
     too), with ``plain`` replacing arguments that are not plain data (an init scheme by its
-    ``spec()``). The CLI's configured arguments are kept only when they are this module's."""
+    ``spec()``). The CLI's configured arguments are kept only when they are this module's, and
+    under their canonical names (an alias such as ``eta`` recorded as ``lr``)."""
     frame = inspect.currentframe().f_back
     module.save_hyperparameters(ignore=list(plain), frame=frame)
     given = module.hparams
@@ -58,5 +59,10 @@ def save_own_hyperparameters(module: pl.LightningModule, **plain: Any) -> None:
         # as mutable, and save_hyperparameters only adds to it
         given.clear()
         save_hyperparameters(module, ignore=list(plain), frame=frame)
+    # another name of an argument (zoo.models.base.ZooModule.aliases) is recorded under the canonical one
+    if any(alias in module.hparams for alias in getattr(module, "aliases", {})):
+        canonical = type(module).resolve_aliases(dict(module.hparams))
+        module.hparams.clear()
+        store_hparams(module, **canonical)
     if plain:
         store_hparams(module, **plain)

@@ -1,0 +1,138 @@
+"""The skeleton of every family: :class:`ZooModule` (docs/models-skeleton.md).
+
+What is the same in every family lives here once, under one name each:
+
+- **Step size** ``lr``, checked by :meth:`ZooModule.check_lr`. A paper's own name for it (``eta`` in
+  [S] Eqs. 6-7) and the names of earlier releases (``init_w``, ``init_encoder``) are *aliases*: a class
+  lists them in ``aliases = {"eta": "lr"}`` and :meth:`ZooModule.resolve_aliases` maps them to the
+  canonical name before ``__init__`` runs (for Python calls, configs, and checkpoints' hparams
+  alike). An alias is a parameter of the signature (so jsonargparse and ``load_from_checkpoint``
+  accept it) that ``__init__`` always sees as ``None``; the recorded hyperparameters hold only the
+  canonical names (``zoo.training.hparams.save_own_hyperparameters``).
+- **Init schemes**: ``init`` is the main scheme, ``init_<part>`` the others (``init_heads``,
+  ``init_decoder``); one table in docs/models-skeleton.md.
+- **Ensemble size**: :func:`zoo.training.ensemble.ensemble_size`, one rule for every family.
+- **Members as data**: ``member_params``, one dict per member; ``labels`` are made from it.
+- **Overridable steps** (``member_loss``, ``activation``, ``activation_grad``, ``loss_grad``,
+  ``gates``, ``regulariser``, where a family has the concept) and the rule that picks a family's
+  fast closed-form kernel: :meth:`ZooModule.overrides`.
+- **Divergence**: :meth:`ZooModule.stop_if_diverged` with the family's :meth:`ZooModule.divergence_hint`.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, ClassVar
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from zoo.training.divergence import check_finite
+
+
+def check_positive_ints(owner: str, **values: object) -> tuple[int, ...]:
+    """Sizes as ints; a bad one is an error naming the argument, before anything is built."""
+    for arg, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+            raise ValueError(f"{owner}: {arg} = {value!r}; allowed: a positive integer")
+    return tuple(int(v) for v in values.values())
+
+
+class _ResolvesAliases(type):
+    """Maps a class's ``aliases`` to the canonical names before ``__init__`` runs: every way of
+    building a module (a call, jsonargparse, ``load_from_checkpoint``) goes through here."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **cls.resolve_aliases(kwargs))
+
+
+def _default(cls: type, name: str) -> Any:
+    """The signature default of ``name`` in the first ``__init__`` of ``cls``'s MRO that has it."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            param = inspect.signature(init).parameters.get(name)
+            if param is not None:
+                return param.default
+    return inspect.Parameter.empty
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two argument values are the same setting (init schemes by their ``spec()``)."""
+    if a is b:
+        return True
+    spec_a, spec_b = getattr(a, "spec", None), getattr(b, "spec", None)
+    if callable(spec_a) and callable(spec_b):
+        return spec_a() == spec_b()
+    try:
+        return bool(a == b)
+    except Exception:  # a tensor or another value without a plain equality
+        return False
+
+
+class ZooModule(pl.LightningModule, metaclass=_ResolvesAliases):
+    """Base of every family (directly, or through ``MultiHeadModule`` / ``FullBatchNet``)."""
+
+    aliases: ClassVar[dict[str, str]] = {}
+    """Other names of constructor arguments, ``{alias: canonical}`` (e.g. ``{"eta": "lr"}``)."""
+
+    fast_steps: ClassVar[tuple[str, ...]] = ()
+    """The overridable steps for which the class defining this tuple has a fast closed-form kernel
+    (see :meth:`overrides`)."""
+
+    # -- one alias mechanism --------------------------------------------------------------------------
+    @classmethod
+    def resolve_aliases(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with every alias replaced by its canonical name; an alias left ``None`` is
+        dropped. Giving both (the canonical one not at its default) is an error naming both."""
+        out = dict(kwargs)
+        for alias, name in cls.aliases.items():
+            if alias not in out:
+                continue
+            value = out.pop(alias)
+            if value is None:
+                continue
+            if out.get(name) is not None and not _same(out[name], _default(cls, name)):
+                raise ValueError(f"{cls.__name__}: {name} = {out[name]!r} and {alias} = {value!r} are both given, "
+                                 f"but {alias} is another name of {name}; give one of them")
+            out[name] = value
+        return out
+
+    # -- checks shared by every family ----------------------------------------------------------------
+    def check_lr(self, lr: float, name: str = "lr") -> float:
+        """The step size as a float; not a positive finite number is an error naming it."""
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"{type(self).__name__}: {name} = {lr!r}; allowed: a positive number")
+        return float(lr)
+
+    # -- the rule that picks the fast kernels -------------------------------------------------------
+    @classmethod
+    def overrides(cls, name: str) -> bool:
+        """Whether this class redefines the step ``name`` below the class that has a fast kernel for
+        it (the nearest class in the MRO listing ``name`` in its own ``fast_steps``). True: the
+        generic path runs (autograd, or step by step through the overridable methods); False: the
+        family's closed-form kernel, which computes the same numbers as its own definition of ``name``."""
+        owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
+        family = next((k for k in cls.__mro__ if name in k.__dict__.get("fast_steps", ())), None)
+        if family is None:
+            raise AttributeError(f"{cls.__name__}.overrides: no class lists {name!r} in its fast_steps")
+        return owner is not family
+
+    # -- divergence -----------------------------------------------------------------------------------
+    def divergence_hint(self) -> str:
+        """What the message of a diverged run suggests; families with a sharper rule override it."""
+        return f"lr = {self.lr} is probably too large; try lr / 10."
+
+    def stop_if_diverged(self, losses: Tensor, step: int) -> None:
+        """Stop the run, naming the step and the members, if a loss in ``losses`` ((E,) or
+        (steps, E), every member's) is not finite (``zoo.training.divergence.check_finite``)."""
+        check_finite(losses, step=step, labels=self.labels, hint=self.divergence_hint())
+
+    # -- device-safe tensors --------------------------------------------------------------------------
+    def new_tensor(self, data: Any, dtype: torch.dtype | None = None) -> Tensor:
+        """``torch.tensor(data)`` on this module's device (CPU and GPU alike)."""
+        return torch.tensor(data, dtype=dtype, device=self.device)
+
+
+__all__ = ["ZooModule", "check_positive_ints"]
