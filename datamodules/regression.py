@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from zoo.training.devices import kept_on
+from zoo.training.logs import batch_progress
 
 
 class TaskModes(NamedTuple):
@@ -259,7 +260,7 @@ class LinearTask(DescribedByData, pl.LightningDataModule):
     def _batches_done(self) -> int:
         """Batches of the current epoch trained on (0 outside a fit)."""
         trainer = getattr(self, "trainer", None)
-        return trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer is not None else 0
+        return batch_progress(trainer).current.processed if trainer is not None else 0
 
 
 def whiten(X: Tensor, variance: float = 1.0) -> Tensor:

@@ -44,6 +44,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from zoo.training.logs import batch_progress
+
 
 class CheckpointMismatch(ValueError):
     """The checkpoint cannot be the start of a run of the configured model (raised before training)."""
@@ -145,7 +147,7 @@ class RunCheckpoint(ModelCheckpoint):
         at_budget = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
         if not (due or at_budget):
             return
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        if batch_progress(trainer).is_last_batch:
             # the epoch ends with this batch (max_steps may end the run there too): save the
             # end-of-epoch state, after the epoch's validation, which Lightning resumes cleanly
             self._epoch_due = True
@@ -154,7 +156,7 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
-        completed = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        completed = batch_progress(trainer).is_last_batch
         # cut short by max_steps: the batch-end save above holds the resumable mid-epoch state
         if completed and (self._epoch_due or last_epoch):
             self._save_last(trainer)

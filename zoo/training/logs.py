@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -134,13 +135,24 @@ def read_keys(module: pl.LightningModule, keys: tuple[str, ...], written: bool,
     return ()
 
 
+def batch_progress(trainer: pl.Trainer) -> Any:
+    """Lightning's count of the fit's training batches (its ``_BatchProgress``: ``total`` and
+    ``current`` counts of the batches ready, started, processed and completed, and ``is_last_batch``).
+
+    The zoo's one read of the fit loop's state (``trainer.fit_loop.epoch_loop.batch_progress``, the
+    same chain in lightning 2.5 and 2.6): Lightning exposes no public count of the batches of a fit
+    across epochs and resumes, nor whether a batch ends its epoch when the loader has no length
+    (it knows by fetching the next one). Listed in docs/development.md."""
+    return trainer.fit_loop.epoch_loop.batch_progress
+
+
 def batch_written(trainer: pl.Trainer) -> bool:
     """Whether this training batch gets a row in the loggers: every ``log_every_n_steps``-th batch of
     the fit (counted across epochs and resumes, by the batches started), and any batch once the run
     is stopping or in a ``fast_dev_run`` (Lightning's rule for what a module logs, lightning 2.6;
     tests/models/test_deep_linear_fast_path.py and tests/training/test_batch_scalars.py check the rows)."""
     every = trainer.log_every_n_steps
-    batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # this one included
+    batches = batch_progress(trainer).total.ready  # this one included
     return (every > 0 and batches % every == 0) or trainer.should_stop or bool(trainer.fast_dev_run)
 
 
@@ -148,7 +160,7 @@ def ends_epoch_or_fit(module: pl.LightningModule, pending: int = 0) -> bool:
     """This training batch ends an epoch or the fit (``max_steps``; ``global_step`` counts its
     updates already, but for ``pending`` of them)."""
     trainer = module.trainer
-    return (trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    return (batch_progress(trainer).is_last_batch
             or 0 <= trainer.max_steps <= module.global_step + pending)
 
 
