@@ -13,8 +13,10 @@ lr 1e-3, init std 0.005/700 ([H] App. H). The zoo side is ``Trainer.fit`` (``epo
 The baseline is the strongest hand-written loop of the same arithmetic: the hand-written gradients
 of the same operations in the same order, into tensors allocated once, the input weights held
 transposed beside the output weights in one buffer and both gradients in another (one update
-pass ``W.sub_(grad, alpha=lr)``), a block of 32 epochs one call of a TorchScript function, the
-losses a block at a time, no Lightning. A
+pass ``W.sub_(grad, alpha=lr)``), plain torch called from Python, the losses a block of 32
+epochs at a time, no Lightning. A reference side runs the same loop's blocks as TorchScript
+functions (round 25's baseline, when the zoo used TorchScript too; ``torch.jit.script`` is
+deprecated in torch 2.x, and the side is left out where it does not compile). A
 third side, the zoo's Trainer-free ``run_epochs``, separates the cost of the zoo's own code from
 Lightning's (its per-step work and the counting of the epochs' optimizer steps, ``zoo.training.steps``).
 All sides must end on the same weights and losses to the bit (checked and printed).
@@ -34,7 +36,15 @@ their gradient's product leaves it (their update had read that product across, ~
 pass for both weights, every transposed view made once (~1 us each an epoch), a block of 32
 epochs one call of a TorchScript function run by its interpreter without graph passes (the same
 kernels; ~0.5 us of dispatch an operation instead of Python's ~1). The plain loop below has all
-of it. Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup (~2%).
+of it but the TorchScript.
+
+Done in round 26 ([#32] item 3): TorchScript out of the zoo, the own loop plain torch with every
+operand bound before it (``torch.mm`` where all is 2-D, the relu backward through its operator
+overload: ~2 us a call against the operator packet's ~6), the same bits (the frozen recipes,
+resume). Measured 2026-12-04, 5 interleaved rounds, ``--cpu-time``, load ~2.5 from other work:
+ReLU net run_epochs 0.931 / plain loop 0.935 / TorchScript loop 0.880 CPU s (Trainer.fit 0.965),
+ReLN 0.572 / 0.580 / 0.527 (0.608): the zoo at 1.00x the plain loop, 0.95x and 0.92x the
+TorchScript one (its interpreter dispatches an operation in ~0.5 us, Python in ~1). Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup (~2%).
 
 Tried and left: every other orientation of the three products (transposed results, contiguous
 copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's matmul
@@ -46,7 +56,10 @@ every step; a ReLU net's weights end ~5% apart after 8,000 epochs, its losses ~1
 boolean mask for relu's backward (``masked_fill_`` / ``where``: ~25 us against ~3 us), blocks of
 8-64 epochs (no difference), ``torch.compile`` of an epoch (inductor, max-autotune: its CPU GEMM
 template needs a constant second operand, frozen weights, so the products stay MKL's; one epoch a
-compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26).
+compiled call ~25% slower, 32 unrolled on par, 8-23 s to compile; 2026-11-26; again 2026-12-04,
+inductor's default mode, a block of 8 epochs: 17.6 s to compile, ~115 us an epoch against the
+zoo's ~116, other bits: the ReLU net's input weights 17% of their largest entry apart after
+8,000 epochs).
 
 Goals ([#21] item 4): the zoo at >= 0.9x the plain loop, and at or below the authors' compiled-JAX
 wall times stated in the issue (ReLU net about 1 s, ReLN about 3 s: fixed figures from another
@@ -130,7 +143,7 @@ def _plain_block(errs: list[torch.Tensor], errTs: list[torch.Tensor], X: torch.T
                  W0T: torch.Tensor, W1: torch.Tensor, W1T: torch.Tensor, W_all: torch.Tensor, g_all: torch.Tensor,
                  g0: torch.Tensor, g1: torch.Tensor, pre: torch.Tensor, delta: torch.Tensor, W0m: torch.Tensor,
                  g0m: torch.Tensor, G: Optional[torch.Tensor], MT: Optional[torch.Tensor], lr: float) -> None:
-    """A block of epochs of the plain loop (TorchScript-compatible: ``plain_loop`` runs it compiled)."""
+    """A block of epochs of the plain loop (also TorchScript-compatible: the reference side runs it scripted)."""
     for i in range(len(errs)):
         err = errs[i]
         if G is None or MT is None:
@@ -141,21 +154,27 @@ def _plain_block(errs: list[torch.Tensor], errTs: list[torch.Tensor], X: torch.T
         torch.mm(errTs[i], pre, out=g1)
         torch.mm(err, W1, out=delta)
         if G is None or MT is None:
-            torch.ops.aten.threshold_backward(delta, pre, 0.0, grad_input=delta)
+            if torch.jit.is_scripting():  # the operator overload is not scriptable; the packet is ~4 us slower in Python
+                torch.ops.aten.threshold_backward(delta, pre, 0.0, grad_input=delta)
+            else:
+                _THRESHOLD_BACKWARD(delta, pre, 0.0, grad_input=delta)
             torch.mm(XT, delta, out=g0)
         else:
             torch.mul(torch.mm(XT, delta.mul_(G), out=g0m), MT, out=g0)
         W_all.sub_(g_all, alpha=lr)
 
 
-def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
-    """8,000 epochs of the same update written out: relu (or the ReLN's fixed gates and input
-    masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors made once,
-    the input weights held transposed (n_in x H: as their gradient's product leaves it) beside the
-    output weights in one buffer, both gradients in another (one update pass), every transposed
-    view made once, a block of 32 epochs a call of a TorchScript function (its interpreter, no
-    graph optimisation: ~0.5 us of dispatch per operation instead of Python's ~1 us), the losses
-    computed a block at a time from the kept output errors."""
+_THRESHOLD_BACKWARD = torch.ops.aten.threshold_backward.grad_input
+
+
+def plain_loop(kind: str, dm: Contexts, block=_plain_block) -> tuple[float, list[torch.Tensor]]:
+    """8,000 epochs of the same update written out in plain torch: relu (or the ReLN's fixed gates
+    and input masks), the summed loss, its gradients, ``W -= lr grad``; intermediates in tensors
+    made once, the input weights held transposed (n_in x H: as their gradient's product leaves it)
+    beside the output weights in one buffer, both gradients in another (one update pass), every
+    transposed view made once, the losses computed a block of 32 epochs at a time from the kept
+    output errors. ``block``: the function that runs a block of epochs (``scripted_block()`` for
+    the TorchScript reference side)."""
     net = make(kind, dm, 1)
     if kind == "ReLN":
         net.attach(dm)
@@ -173,9 +192,8 @@ def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
     errs, sq = torch.empty(B, N, n_out), torch.empty(B, N, n_out)
     views, losses = list(errs.unbind(0)), torch.empty(EPOCHS)
     viewsT = [e.T for e in views]
-    block = plain_block()
     t = CLOCK()
-    with torch.no_grad(), torch.jit.optimized_execution(False):
+    with torch.no_grad():
         for start in range(0, EPOCHS, B):
             block(views, viewsT, X, XT, Y, W0T, W1, W1T, W_all, g_all, g0, g1, pre, delta, W0m, g0m, G, MT, LR)
             torch.sum(torch.pow(errs, 2, out=sq), (-1, -2), out=losses[start:start + B]).mul_(0.5)
@@ -183,19 +201,21 @@ def plain_loop(kind: str, dm: Contexts) -> tuple[float, list[torch.Tensor]]:
     return elapsed, [W0T.T[None], W1[None], losses]
 
 
-def plain_block():
-    """``_plain_block`` compiled by TorchScript, once (the Python function where it does not compile)."""
-    if not _BLOCK:
+def scripted_block():
+    """``_plain_block`` compiled by TorchScript, once, for the reference side (round 25's baseline,
+    as the zoo ran its blocks until TorchScript left it); None where TorchScript is missing or
+    fails (``torch.jit.script`` is deprecated in torch 2.x)."""
+    if not _SCRIPTED:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                _BLOCK.append(torch.jit.script(_plain_block))
-        except Exception:  # noqa: BLE001
-            _BLOCK.append(_plain_block)
-    return _BLOCK[0]
+                _SCRIPTED.append(torch.jit.script(_plain_block))
+        except Exception:  # noqa: BLE001 -- any failure: no reference side
+            _SCRIPTED.append(None)
+    return _SCRIPTED[0]
 
 
-_BLOCK: list = []
+_SCRIPTED: list = []
 
 
 def jax_side(kind: str, dm: Contexts, threads: int):
@@ -262,6 +282,11 @@ def main() -> None:
 
     sides = {"zoo": lambda kind: zoo_fit(kind, dm, args.threads), "run_epochs": lambda kind: zoo_run_epochs(kind, dm, args.threads),
              "loop": lambda kind: plain_loop(kind, dm)}
+    scripted = scripted_block()
+    if scripted is not None:  # the reference: round 25's baseline, its blocks run by TorchScript's interpreter
+        sides["TorchScript loop"] = lambda kind: plain_loop(kind, dm, scripted)
+    else:
+        print("TorchScript does not compile the plain loop here: no TorchScript reference side")
     jax_runs = {kind: jax_side(kind, dm, args.threads) for kind in ("ReLUNet", "ReLN")}
     if jax_runs["ReLUNet"] is None:
         print("JAX is not installed: no compiled-JAX side on this machine (pip install jax for it)")
@@ -276,17 +301,23 @@ def main() -> None:
         if jax_runs[kind] is not None:
             sides["jax"] = lambda kind: jax_runs[kind]()
         times = harness.interleaved({side: timed(side, kind) for side in sides}, args.rounds)
-        same = all(torch.equal(a, b) for side in ("zoo", "run_epochs") for a, b in zip(last[side, kind], last["loop", kind]))
+        checked = [side for side in sides if side not in ("loop", "jax")]
+        same = all(torch.equal(a, b) for side in checked for a, b in zip(last[side, kind], last["loop", kind]))
         zoo, bare, loop = (harness.median(times[side]) for side in ("zoo", "run_epochs", "loop"))
         gpu = on_gpu(lambda: zoo_fit(kind, dm, args.threads, ACCELERATOR)[0])
-        print(f"{kind}: Trainer.fit {zoo:.3f} {unit}, run_epochs {bare:.3f} {unit}, plain loop {loop:.3f} {unit} (medians); final "
-              f"weights and every epoch's loss bit-identical on all three: {same}; {HEADING} Trainer.fit:{cell(gpu, 8)} s")
+        script = f", TorchScript loop {harness.median(times['TorchScript loop']):.3f} {unit}" if scripted is not None else ""
+        print(f"{kind}: Trainer.fit {zoo:.3f} {unit}, run_epochs {bare:.3f} {unit}, plain loop {loop:.3f} {unit}{script} "
+              f"(medians); final weights and every epoch's loss bit-identical on all {len(checked) + 1}: {same}; "
+              f"{HEADING} Trainer.fit:{cell(gpu, 8)} s")
         if not same:
             raise SystemExit(f"{kind}: the zoo and the plain loop ended on different weights or losses")
         label = "ReLUNet 700" if kind == "ReLUNet" else "ReLN 4 x 100"
         rows += [harness.Row(f"{label}, 8,000 epochs, Trainer.fit vs plain loop", zoo, loop, unit, 0.9, lower_is_better=True),
                  harness.Row(f"{label}, 8,000 epochs, run_epochs (no Trainer) vs plain loop", bare, loop, unit, 0.9,
                              lower_is_better=True),
+                 *([harness.Row(f"{label}, 8,000 epochs, run_epochs vs the plain loop run by TorchScript", bare,
+                                harness.median(times["TorchScript loop"]), unit, 0.9, lower_is_better=True)]
+                   if scripted is not None else []),
                  harness.Row(f"{label}, 8,000 epochs, vs compiled JAX ({JAX_SECONDS[kind]:g} s, fixed)", zoo,
                              JAX_SECONDS[kind], unit, 1.0, lower_is_better=True)]
         if "jax" in times:

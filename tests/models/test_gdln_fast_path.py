@@ -2,6 +2,8 @@
 the bits of the generic hand-written path (``FullBatchNet._grads`` + ``torch.optim.SGD``)."""
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import torch
 import lightning.pytorch as pl
@@ -9,7 +11,7 @@ import lightning.pytorch as pl
 from datamodules.contexts import Contexts
 from datamodules.xor import XorMargin
 from zoo.models.gdln import GDLN, Comparison, ReLUNet
-from zoo.kernels import gdln as gdln_fast
+import zoo
 from zoo.kernels.gdln import GradientDescent, PlainUpdate, TwoLayerEpoch
 from zoo.init import Gaussian
 from zoo.training.steps import direct_updates_allowed
@@ -97,17 +99,34 @@ def test_own_update_is_the_steps_bits_on_dense_inputs(E):
 
 
 @pytest.mark.parametrize("kind", ["relu_E3", "reln_mean_E2", "xor"])
-def test_own_epochs_compiled_or_not_are_the_same_bits(kind, monkeypatch):
-    """The block of epochs TorchScript runs (``own_epochs``) and the same function in Python (what
-    runs where TorchScript does not compile) train to the same bits, with gates, input masks, the
-    mean's scale and members."""
-    compiled, dm = _net(kind)
-    plain, _ = _net(kind)
-    L = compiled.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5)
-    monkeypatch.setattr(gdln_fast, "_OWN_EPOCHS", [gdln_fast._own_epochs])
-    assert gdln_fast.own_epochs() is gdln_fast._own_epochs
-    assert torch.equal(L, plain.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5))
-    assert all(torch.equal(a, b) for a, b in zip(compiled.W, plain.W))
+def test_run_epochs_trains_in_the_own_loop(kind, monkeypatch):
+    """With its default step (the plain update) ``run_epochs`` trains in ``updating``'s own loop, one
+    ``updating`` per network and chunk and no ``gradients`` call: so the bit-for-bit comparisons
+    above compare that loop (gates, input masks, the mean's scale, members) with the generic path."""
+    net, dm = _net(kind)
+    made = []
+    updating = TwoLayerEpoch.updating
+
+    def counted(self, rates, outs):
+        made.append(rates)
+        return updating(self, rates, outs)
+
+    def refused(self, out):
+        raise AssertionError("gradients called: the epochs did not run in the own loop")
+
+    monkeypatch.setattr(TwoLayerEpoch, "updating", counted)
+    monkeypatch.setattr(TwoLayerEpoch, "gradients", refused)
+    L = net.run_epochs(dm.X, dm.Y, TwoLayerEpoch.BLOCK + 5)
+    assert made == [[net.lr, net.lr]]
+    assert torch.isfinite(L).all() and not torch.equal(net.W[0], net.W0_init)
+
+
+def test_the_kernels_are_plain_torch():
+    """No TorchScript in the package (``torch.jit`` is deprecated in torch 2.x): every fast path is
+    plain torch called from Python."""
+    root = pathlib.Path(zoo.__file__).parent
+    users = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py")) if "torch.jit" in p.read_text()]
+    assert users == []
 
 
 def test_overridden_steps_and_two_layers_take_the_generic_path():

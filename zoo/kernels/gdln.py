@@ -20,9 +20,21 @@ computes their losses 32 epochs at a time from the kept output errors. Where the
 the plain update (``PlainUpdate``: what ``GradientDescent`` applies when Lightning lets it, and
 ``run_epochs``' default), each epoch applies it itself (``TwoLayerEpoch.updating``) on working
 copies of the weights, W0 laid out as its gradient's product leaves it, both in one buffer and
-both gradients in another: one update pass, no strided read, every transposed view made once; a
-block of epochs is one call of a TorchScript function (``own_epochs``: the same kernels, so the same
-bits, at about half Python's dispatch cost per operation).
+both gradients in another: one update pass, no strided read, every transposed view made once.
+Plain torch throughout: each epoch is ~9-13 kernel calls from Python with every operand bound
+before the loop (the relu backward through its operator overload, ~2 us a call, not the operator
+packet's ~6).
+
+Why not TorchScript or ``torch.compile`` (2026-12-04, one thread, CPU s, interleaved rounds on a
+machine loaded by other work, bench/bench_gdln.py): until then a block of epochs was one call of a
+TorchScript function (``torch.jit.script``, deprecated in torch 2.x); the same loop in plain torch
+is ~5-8% slower than TorchScript's interpreter (~0.5 us of dispatch an operation against ~1 us,
+8,000 epochs of the ReLU net 0.93 against 0.88 s) and on par with the bench's hand-written plain
+loop (1.00x). ``torch.compile`` (inductor, default mode) of a block of 8 epochs took 17.6 s to
+compile and ran ~115 us an epoch (the same epochs eager into fresh tensors ~130, this loop ~116 in
+the same session), rounding otherwise (the ReLU net's input weights 17% of their largest entry
+apart after 8,000 epochs): nothing to repay its compile time in a run of ~1 s, and it would break
+the frozen bits, so it is not used.
 
 Where the time goes (the [H] App. H ReLU net, 24 points x 700 units x 60 outputs, one thread, AMD
 EPYC with MKL, 2026-11-26): three ~1M multiply-add products an epoch (output, its weight gradient,
@@ -30,7 +42,7 @@ backpropagation to the hidden layer) take ~25-31 us each, 60-80 GFLOP/s against 
 large square sgemm; with the two input-side products (~7 us each) they are ~95 us of an epoch of
 ~100 us (torch.profiler: ``aten::mm`` 87% of the time). The rest is relu and its backward (~1 and
 ~3 us), the update pass (~4 us) and the dispatch of ~10 tensor operations (~7 us an epoch at a
-tiny width from TorchScript, ~11 us from Python). Before round 25 the update of the (700 x 11)
+tiny width from TorchScript, ~11 us from Python as it was then). Before round 25 the update of the (700 x 11)
 input weights from the transposed (11 x 700) product took ~6 us (a strided read), a separate pass
 for each weight, a transposed view made each epoch and Python's dispatch another ~8 us: 8,000
 epochs of ``run_epochs`` took ~1.03 s, now ~0.87 s (CPU s, load ~2). The other orientations of each product and oneDNN's matmul are
@@ -40,9 +52,7 @@ its accumulation) and a ReLU net's training amplifies that (bench/bench_gdln.py'
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterable
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -252,9 +262,9 @@ class TwoLayerEpoch:
         both gradients in another: the update reads the gradients as they lie, in one pass where
         the rates agree and W1's gradient is not transposed (the [H] App. H ReLU net's (700 x 11)
         input weights were updated from an (11 x 700) product read across, ~5% of an epoch), and
-        every transposed view is made once, not each epoch (~1 us each). A block of epochs is one
-        call of ``own_epochs`` (TorchScript where it compiles). ``settle`` writes the copies back
-        into the weights."""
+        every transposed view is made once, not each epoch (~1 us each). ``run`` is plain torch:
+        the kernels of ``gradients`` called from Python with every operand bound beforehand.
+        ``settle`` writes the copies back into the weights."""
         gates, mask, x, y = self.gates, self.mask, self.x, self.y
         W0, W1 = self.Ws
         N, H = x.shape[-2], W0.shape[-2]
@@ -276,16 +286,43 @@ class TwoLayerEpoch:
         g0 = x.new_empty(shapes[0]) if mask is not None else g0c
         g1_update = g1.transpose(-1, -2) if flip1 else g1c  # W1's gradient as W1 lies
         lr0, lr1 = rates
-        # the operands of each product in the order own_epochs reads them
-        products = [x, W0m if flip0 else W0m.transpose(-1, -2), W1c.transpose(-1, -2), W1c,
-                    self.xT if flip0 else delta.transpose(-1, -2), delta if flip0 else x]
-        g1_operands = [[pre.transpose(-1, -2), out] if flip1 else [out.transpose(-1, -2), pre] for out in outs]
-        epochs = own_epochs()
+        one_pass = lr0 == lr1 and not flip1
+        # every operand of the loop bound once: each epoch is the dispatch of its ~9-13 kernels and
+        # nothing else (branches decided here, no attribute read, no view made)
+        matmul, mul, relu, scaled, scale = self.matmul, torch.mul, gates is None, self.scale != 1.0, self.scale
+        x_in, W0_in, W1T, a0, b0 = (x, W0m if flip0 else W0m.transpose(-1, -2), W1c.transpose(-1, -2),
+                                    self.xT if flip0 else delta.transpose(-1, -2), delta if flip0 else x)
+        g1_operands = [(pre.transpose(-1, -2), out) if flip1 else (out.transpose(-1, -2), pre) for out in outs]
 
         def run(m: int) -> None:
-            with torch.jit.optimized_execution(False):  # TorchScript's interpreter only: no graph passes, no fusion
-                epochs(outs[:m], g1_operands[:m], y, products, W0c, W0m, W1c, W_all, g_all, g0, g0c, g1, g1_update, pre,
-                       delta, gates, mask_c, self.scale, lr0, lr1, lr0 == lr1 and not flip1)
+            # the operations of ``gradients`` in its order on the working copies, then the update
+            for out, (a1, b1) in zip(outs[:m], g1_operands[:m]):
+                if mask_c is not None:
+                    mul(W0c, mask_c, out=W0m)
+                h = matmul(x_in, W0_in, out=pre)
+                if relu:
+                    h.relu_()
+                else:
+                    h.mul_(gates)
+                err = matmul(h, W1T, out=out).sub_(y)
+                matmul(a1, b1, out=g1)
+                if scaled:
+                    g1.mul_(scale)
+                matmul(err, W1c, out=delta)
+                if relu:
+                    _threshold_backward(delta, h, 0.0, grad_input=delta)
+                else:
+                    delta.mul_(gates)
+                matmul(a0, b0, out=g0)
+                if scaled:
+                    g0.mul_(scale)
+                if mask_c is not None:
+                    mul(g0, mask_c, out=g0c)
+                if one_pass:
+                    W_all.sub_(g_all, alpha=lr0)
+                else:
+                    W0c.sub_(g0c, alpha=lr0)
+                    W1c.sub_(g1_update, alpha=lr1)
         return run, [g0c.transpose(-1, -2) if flip0 else g0c, g1_update]
 
     def settle(self) -> None:
@@ -293,66 +330,6 @@ class TwoLayerEpoch:
         for W, c, flip in self.copies:
             W.copy_(c.transpose(-1, -2) if flip else c)
         self.copies = []
-
-
-def _own_epochs(outs: list[Tensor], g1_operands: list[list[Tensor]], y: Tensor, products: list[Tensor], W0c: Tensor,
-                W0m: Tensor, W1c: Tensor, W_all: Tensor, g_all: Tensor, g0: Tensor, g0c: Tensor, g1: Tensor,
-                g1_update: Tensor, pre: Tensor, delta: Tensor, gates: Optional[Tensor], mask: Optional[Tensor],
-                scale: float, lr0: float, lr1: float, one_pass: bool) -> None:
-    """``len(outs)`` epochs of ``TwoLayerEpoch.updating``: the operations of ``TwoLayerEpoch.gradients``
-    in its order on the working copies, then the update. ``products``: the operands (x, W0 as the
-    forward reads it, W1^T, W1, and the two of W0's gradient product); ``g1_operands``: W1's
-    gradient product's per epoch. ``torch.matmul`` throughout: on plain matrices it is ``torch.mm``'s
-    kernel, as ``gradients`` calls it."""
-    x, W0_in, W1T, W1, a0, b0 = products
-    for i in range(len(outs)):
-        out = outs[i]
-        if mask is not None:
-            torch.mul(W0c, mask, out=W0m)
-        h = torch.matmul(x, W0_in, out=pre)
-        if gates is None:
-            h.relu_()
-        else:
-            h.mul_(gates)
-        err = torch.matmul(h, W1T, out=out).sub_(y)
-        a1, b1 = g1_operands[i]
-        torch.matmul(a1, b1, out=g1)
-        if scale != 1.0:
-            g1.mul_(scale)
-        torch.matmul(err, W1, out=delta)
-        if gates is None:
-            torch.ops.aten.threshold_backward(delta, h, 0.0, grad_input=delta)
-        else:
-            delta.mul_(gates)
-        torch.matmul(a0, b0, out=g0)
-        if scale != 1.0:
-            g0.mul_(scale)
-        if mask is not None:
-            torch.mul(g0, mask, out=g0c)
-        if one_pass:
-            W_all.sub_(g_all, alpha=lr0)
-        else:
-            W0c.sub_(g0c, alpha=lr0)
-            W1c.sub_(g1_update, alpha=lr1)
-
-
-_OWN_EPOCHS: list[Callable] = []
-
-
-def own_epochs() -> Callable:
-    """``_own_epochs`` compiled by TorchScript (once per process, ~10 ms) and run by its interpreter
-    without graph optimisation (``updating``): the same ATen kernels in the same order, so the same
-    bits, with ~0.5 us of dispatch per tensor operation instead of Python's ~1 us (an epoch of the
-    [H] App. H ReLU net ~5% faster; at a tiny width 11 -> 7 us an epoch). The Python function itself
-    where TorchScript is missing or fails (``torch.jit.script`` is deprecated in torch 2.x)."""
-    if not _OWN_EPOCHS:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
-                _OWN_EPOCHS.append(torch.jit.script(_own_epochs))
-        except Exception:  # noqa: BLE001 -- any failure: the same epochs in Python
-            _OWN_EPOCHS.append(_own_epochs)
-    return _OWN_EPOCHS[0]
 
 
 def run_together(epochs: list[TwoLayerEpoch], params: list[list[Tensor]], n: int, step: Callable[[], object]) -> list[Tensor]:
