@@ -36,15 +36,19 @@ their gradient's product leaves it (their update had read that product across, ~
 pass for both weights, every transposed view made once (~1 us each an epoch), a block of 32
 epochs one call of a TorchScript function run by its interpreter without graph passes (the same
 kernels; ~0.5 us of dispatch an operation instead of Python's ~1). The plain loop below has all
-of it but the TorchScript.
+of it but the TorchScript. Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus
+~7 ms of setup (~2%).
 
 Done in round 26 ([#32] item 3): TorchScript out of the zoo, the own loop plain torch with every
 operand bound before it (``torch.mm`` where all is 2-D, the relu backward through its operator
 overload: ~2 us a call against the operator packet's ~6), the same bits (the frozen recipes,
-resume). Measured 2026-12-04, 5 interleaved rounds, ``--cpu-time``, load ~2.5 from other work:
-ReLU net run_epochs 0.931 / plain loop 0.935 / TorchScript loop 0.880 CPU s (Trainer.fit 0.965),
-ReLN 0.572 / 0.580 / 0.527 (0.608): the zoo at 1.00x the plain loop, 0.95x and 0.92x the
-TorchScript one (its interpreter dispatches an operation in ~0.5 us, Python in ~1). Lightning's per-step work is ~1.5 ms a step of 1,000 epochs plus ~7 ms of setup (~2%).
+resume). Measured 2026-12-04, 7 interleaved rounds, ``--cpu-time``, load 0.3-0.7 (other work
+on the machine): ReLU net run_epochs 0.919 / plain loop 0.933 / TorchScript loop 0.854 CPU s
+(Trainer.fit 0.941), ReLN 0.556 / 0.559 / 0.513 (0.581): the zoo at 1.01x the plain loop, 0.93x
+and 0.92x the TorchScript one (its interpreter dispatches an operation in ~0.5 us, Python in
+~1). The zoo's own TorchScript block as it was (``torch.matmul`` throughout, run without graph
+passes) was slower than both: 1.10 CPU s against the new loop's 0.93 for the ReLU net, 0.67
+against 0.57 for the ReLN (5 interleaved rounds, the same bits).
 
 Tried and left: every other orientation of the three products (transposed results, contiguous
 copies of the transposed weights: each 1-3 us slower once the copy is paid), oneDNN's matmul
