@@ -173,16 +173,17 @@ def _linear_layers(module: nn.Module, chosen: dict[str, Tensor]) -> dict[str, tu
     prefix -> (layer, its selected parameter names)."""
     owners: dict[int, int] = {}
     for m in module.modules():
-        for p in m._parameters.values():
-            if p is not None:
-                owners[id(p)] = owners.get(id(p), 0) + 1
+        # its own, not its children's, each name counted (remove_duplicate=False); None skipped
+        for _, p in m.named_parameters(recurse=False, remove_duplicate=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
     layers = {}
     for prefix, m in module.named_modules():
         if type(m) is not nn.Linear:
             continue
-        names = [f"{prefix}.{k}" if prefix else k for k, p in m._parameters.items() if p is not None]
+        own = list(m.named_parameters(recurse=False, remove_duplicate=False))
+        names = [f"{prefix}.{k}" if prefix else k for k, _ in own]
         mine = [n for n in names if n in chosen]
-        if mine and all(owners[id(p)] == 1 for p in m._parameters.values() if p is not None):
+        if mine and all(owners[id(p)] == 1 for _, p in own):
             layers[prefix] = (m, mine)
     return layers
 

@@ -352,7 +352,7 @@ def _map_member_state(module, optimizer, state: dict, fn, full: bool = False) ->
     member-axis parameter with the member axis first): gather for saving, slice for loading."""
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
-    opt = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+    opt = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
     lo, hi, E = module.member_range
     names = {id(p): n for n, p in module.named_parameters()}
     member = set(module._sharded_names)
