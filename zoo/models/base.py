@@ -44,7 +44,9 @@ class _ResolvesAliases(type):
     building a module (a call, jsonargparse, ``load_from_checkpoint``) goes through here."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **cls.resolve_aliases(kwargs))
+        # type.__call__, not super(): a super() call gives this frame a __class__ cell, which lightning
+        # 2.5's save_hyperparameters takes for a module's __init__ frame (KeyError: 'self')
+        return type.__call__(cls, *args, **cls.resolve_aliases(kwargs))
 
 
 def _default(cls: type, name: str) -> Any:
