@@ -30,10 +30,11 @@ the block's pre-activations only (``n x E p`` numbers, not ``E p x d``), and app
 updates at the end with one product
 ``W <- W_0 - (eta / sqrt d) G^T X``. This is the same arithmetic as step-by-step SGD (up to
 rounding; a test checks it against a plain loop) at a fraction of its memory traffic. The block
-length shrinks as d grows (the Gram matrix costs ``n d`` a step: ``_block_size``). A single
-student (one member, one sample a step, on the CPU) runs the recursion on Python floats
-(:mod:`zoo.kernels.student`): its tensors would hold a few numbers, and a step would cost the
-dispatch of its dozen tensor operations. Small ensembles train on one CPU thread (``_cpu_threads``).
+length shrinks as d grows (the Gram matrix costs ``n d`` a step: ``_block_size``). It is the one
+SGD path: a single student is the ensemble of one (unpadded, its steps on views of buffers made
+once a call), a subclass that overrides ``activation``, ``activation_grad`` or ``loss_grad`` runs
+through the same blocks, which then call those methods (``uses_builtin_steps``), and EWC's penalty
+(not rank one) makes each block one step. Small ensembles train on one CPU thread (``_cpu_threads``).
 """
 from __future__ import annotations
 
@@ -54,7 +55,6 @@ from zoo.training.logs import log_scalars, log_where_read
 from zoo.models.multihead import MultiHeadModule, check_positive_ints, phi  # noqa: F401 (phi: the built-ins, re-exported)
 from zoo.models.multihead import dphi_const as _dphi_const, dphi_u as _dphi_u, kappa as _kappa, phi_u as _phi_u
 from zoo.training.progress import attached_trainer
-from zoo.kernels.student import online_steps
 from zoo.utils.threads import num_threads, threads_for
 
 Activation = Literal["erf", "relu", "sigmoid", "linear", "tanh"]
@@ -102,6 +102,16 @@ class MultiHeadStudent(MultiHeadModule):
     step_size_name = "eta"
     sizes_shared_with_data = ("d", "n_tasks")
     logs_on_samples = True
+
+    def uses_builtin_steps(self) -> bool:
+        """The one rule for how an SGD step evaluates ``phi``, ``phi'`` and the loss derivative.
+
+        True unless a subclass overrides ``activation``, ``activation_grad`` or ``loss_grad``
+        (``custom_update``): the built-in activation named by ``activation`` then runs in closed form
+        in the scaled variable ``u = kappa lam`` (``kappa = 1 / sqrt 2`` for erf), written into the
+        block's buffers, and the loss derivative of ``1/2 Delta^2`` is ``Delta`` itself. False: the
+        blocks call the three methods on ``lam``. Either way the same blocked SGD (``sgd_steps``)."""
+        return not self.custom_update
 
     def __init__(
         self,
@@ -383,130 +393,102 @@ class MultiHeadStudent(MultiHeadModule):
     def sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         """Run ``S`` SGD steps on head ``task``: x (S, B, d), y (S, B, E). Returns ``Delta`` (S, B, E).
 
-        Exact blocked SGD (module docstring); ``B > 1`` is minibatch SGD with the mean step. With
-        the EWC penalty on, or a subclass overriding ``activation``, ``activation_grad`` or
-        ``loss_grad``, the steps run one at a time through those methods (``_stepwise_block``).
-        A single student takes the scalar kernel (``_scalar_steps``); a small ensemble runs on one
-        CPU thread (``_cpu_threads``).
+        Exact blocked SGD (module docstring) for every ensemble size, a single student included,
+        and every activation and loss (``uses_builtin_steps``); ``B > 1`` is minibatch SGD with the
+        mean step. With the EWC penalty on, a block is one SGD step (the penalty is not rank one).
+        A small ensemble runs on one CPU thread (``_cpu_threads``).
         """
         with num_threads(self._cpu_threads(x.device)):
             return self._sgd_steps(x, y, task)
 
     def _sgd_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
         S, B, d = x.shape
-        stepwise = (self.ewc is not None and self.ewc.active) or self.custom_update
-        if B == 1 and self.n_members() == 1 and x.device.type == "cpu" and not stepwise:
-            return self._scalar_steps(x, y, task)
         E, p = self.ensemble, self.p
-        # zero members up to a multiple of VECTOR_ROWS units: every elementwise op of a step then runs
-        # on whole SIMD vectors, never on a scalar tail that rounds erf/exp differently, so a member
-        # trains to the same bits whichever members share its process (zoo.training.distributed). A zero member
-        # (W = 0, h = 0) has Delta = 0 and stays zero. The products with W need no such padding (BLAS
-        # rounds each row alone, _rows_times): the blocked kernels keep W at its E p rows, so a single
-        # student does not multiply 62 zero rows by every input.
-        E_pad = -(-E // (m := VECTOR_ROWS // math.gcd(VECTOR_ROWS, p))) * m
+        E_pad = self._padded_members()
         h = _padded(self.h.data[:, task], E_pad).clone()  # (E_pad, p) contiguous working copy of the active head
         Xf, Yf = x.reshape(S * B, d), _padded(y.reshape(S * B, E).T, E_pad).T
         Delta = torch.empty(S * B, E_pad, dtype=x.dtype, device=x.device)
-        nb = self._block_size(B)
-        block = self._online_block if B == 1 else self._minibatch_block
         W = self.W.data.view(E * p, d)
-        if stepwise:
-            block, W = self._stepwise_block, _padded(W, E_pad * p)
+        pull = self._ewc_pull(W)
+        nb = B if pull is not None else self._block_size(B)
+        buffers = None
         for a in range(0, S * B, nb):
-            block(W, h, Xf[a:a + nb], Yf[a:a + nb], Delta[a:a + nb], B)
-        if W.data_ptr() != self.W.data.data_ptr():
-            self.W.data.view(E * p, d).copy_(W[: E * p])
+            Xb = Xf[a:a + nb]
+            if B == 1 and (buffers is None or buffers.n != Xb.shape[0]):  # once a call, once more for a short last block
+                buffers = _OnlineBuffers(Xb.shape[0], E_pad, p, self.n_members() > 1, Xb)
+            decay = None if pull is None else pull()  # from the weights before the step
+            if B == 1:
+                self._online_block(buffers, W, h, Xb, Yf[a:a + nb], Delta[a:a + nb])
+            else:
+                self._minibatch_block(W, h, Xb, Yf[a:a + nb], Delta[a:a + nb], B)
+            if decay is not None:
+                W.sub_(decay)
         self.h.data[:, task] = h[:E]
         return Delta[:, :E].reshape(S, B, E)
 
+    def _padded_members(self) -> int:
+        """``E`` padded to a multiple of ``VECTOR_ROWS`` units, or ``E`` itself for a single student.
+
+        Zero members up to whole SIMD vectors: every elementwise op of a step then runs on whole
+        vectors, never on a scalar tail that rounds erf/exp differently, so a member trains to the
+        same bits whichever members share its process (``zoo.training.distributed``). A zero member
+        (W = 0, h = 0) has Delta = 0 and stays zero. A single student (one member in the whole
+        run: it never shares nor splits) has no other slice to agree with and runs unpadded."""
+        E = self.ensemble
+        if self.n_members() == 1:
+            return E
+        return -(-E // (m := VECTOR_ROWS // math.gcd(VECTOR_ROWS, self.p))) * m
+
+    def _ewc_pull(self, W: Tensor):
+        """With EWC's penalty on, a function giving its step ``eta xi F (W - W*)`` at the current
+        ``W`` (E p, d), which ``sgd_steps`` subtracts after the step's gradient update (SGD on
+        ``L_EWC``, [S] Sec. 4.2.2); else None."""
+        if self.ewc is None or not self.ewc.active:
+            return None
+        d, p = self.d, self.p
+        F, W_star, xi = self.ewc.fisher("W").view(-1, d), self.ewc.anchor("W").view(-1, d), self.ewc.xi
+        c_pen = self.eta * (xi if isinstance(xi, float) else xi.to(W).repeat_interleave(p)[:, None])
+        pull = torch.empty_like(W)
+        return lambda: torch.sub(W, W_star, out=pull).mul_(F).mul_(c_pen)
+
     def _constants(self, B: int) -> tuple[float, float, float, float]:
-        """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``."""
+        """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``;
+        through the override points (``uses_builtin_steps`` False) ``u`` is ``lam`` itself."""
         act, d = self.activation_name, self.d
-        kappa, const = _kappa(act), _dphi_const(act)
+        kappa, const = (_kappa(act), _dphi_const(act)) if self.uses_builtin_steps() else (1.0, 1.0)
         return kappa, kappa * self.eta * const / (d * B), self.eta / (d * B), self.eta * const / (math.sqrt(d) * B)
 
-    def _online_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
+    def _online_block(self, b: "_OnlineBuffers", W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor) -> None:
         """One block of online SGD (B = 1), in place on ``W`` (E p, d), ``h`` (E_pad, p), ``Db`` (n, E_pad).
 
         ``U`` holds the block's pre-activations ``u = kappa W X^T / sqrt d``; after step ``j`` the
         rows of the later samples take the rank-one correction ``-c K[:, j] g_j^T``, so row ``j``
-        is exact when it is read. Every per-step tensor is a view made once per block (unbind).
+        is exact when it is read. Every per-step tensor is a row of ``b``'s buffers: a step
+        allocates nothing (with the built-in steps), a dozen small ops on views.
         """
-        E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(1)
-        n = Xb.shape[0]
-        U = _pre_activations(W, Xb, E * p, kappa / math.sqrt(d))  # (n, E_pad p)
-        K = Xb @ Xb.T
-        Gb = torch.empty(n, E * p, dtype=Xb.dtype, device=Xb.device)
-        u_rows, k_rows, g_rows, g_mats = U.unbind(0), K.unbind(0), Gb.unbind(0), Gb.view(n, E, p).unbind(0)
-        d_rows, d_cols, y_rows = Db.unbind(0), Db.view(n, E, 1).unbind(0), Yb.unbind(0)
-        erf = act == "erf"
-        for j in range(n):
-            u = u_rows[j]
-            f = _phi_u(act, u)
-            fE = f.view(E, p)
-            torch.sub(torch.linalg.vecdot(fE, h), y_rows[j], out=d_rows[j])
-            df = torch.square(u).neg_().exp_() if erf else _dphi_u(act, u, f)
-            gE, dl = g_mats[j], d_cols[j]
-            if df is None:
-                gE.copy_(h)
+        b.products(W, Xb, kappa / math.sqrt(self.d))
+        b.Y.copy_(Yb)
+        builtin = self.uses_builtin_steps()
+        unit = _BUILTIN_STEPS[self.activation_name]
+        for j in range(b.n):
+            u = b.u_mats[j]
+            if builtin:
+                f, df = unit(u, b.f_mats[j], b.df_mats[j])
             else:
-                torch.mul(h, df.view(E, p), out=gE)
-            gE.mul_(dl)
-            h.addcmul_(fE, dl, value=-c_head)
-            U.addr_(k_rows[j], g_rows[j], alpha=-c_u)
-        _add_rows_times(W, Gb[:, : W.shape[0]].T, Xb, -c_W)
-
-    def _scalar_steps(self, x: Tensor, y: Tensor, task: int) -> Tensor:
-        """``sgd_steps`` of a single student, online, on the CPU: the whole chunk in one call of the
-        scalar kernel, in place on ``W`` and the head, no padding (:mod:`zoo.kernels.student`: a step
-        of tiny tensors costs their dispatch, not their numbers). Returns ``Delta`` (S, 1, 1)."""
-        S, d = x.shape[0], self.d
-        Delta = torch.empty(S, 1, 1, dtype=x.dtype)
-        kappa, c_u, c_head, c_W = self._constants(1)
-        online_steps(self.W.data[0], self.h.data[0, task], x.reshape(S, d), y.reshape(S), Delta.view(S),
-                     self.activation_name, kappa / math.sqrt(d), c_u, c_head, c_W, self._scalar_block_size())
-        return Delta
-
-    def _scalar_block_size(self) -> int:
-        """Samples per block of the scalar kernel: the largest power of two ``n`` with ``n d <=``
-        :data:`SCALAR_GRAM_WORK` (2^16), between 4 and 16: 16 up to d = 4,096 (the recipes' d = 1000),
-        8 up to 8,192, 4 above (d = 10,000).
-
-        A block costs three BLAS products (``W_0 X^T``, the Gram matrix ``X X^T``, ``G^T X``) and a
-        few microseconds of Python, spread over its ``n`` steps, and the Gram ``n d`` multiply-adds a
-        step: at d = 1000 the fixed cost dominates and 16 samples were fastest (3.3 us a step; 8, 32: 3.7), at
-        d = 10,000 the Gram does and 4 were (10.8 against 12.2 us a step for 16, the inputs cold in
-        the caches as Lightning's prefetched chunk leaves them). Powers of two only: MKL's Gram of
-        other sizes runs up to 3x slower (15 x 15 at d = 10,000: 240 us, 16 x 16: 75 us)."""
-        return 1 << max(2, min(4, (SCALAR_GRAM_WORK // self.d).bit_length() - 1))
-
-    def _stepwise_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
-        """SGD one step at a time through the override points ([S] Eqs. 6-7 with ``Delta`` replaced by
-        ``loss_grad(Delta)``): the generic path. With EWC on, ``W`` also decays towards its anchor,
-        ``W <- W - eta xi F (W - W*)``, which is not rank one, so there is no blocking."""
-        E, p, d = h.shape[0], self.p, self.d
-        c_head, c_W = self.eta / (d * B), self.eta / (math.sqrt(d) * B)
-        penalised = self.ewc is not None and self.ewc.active
-        if penalised:  # padded like W (sgd_steps): zero Fisher and anchor for the zero members
-            F = _padded(self.ewc.fisher("W").view(-1, d), E * p)
-            W_star = _padded(self.ewc.anchor("W").view(-1, d), E * p)
-            xi = self.ewc.xi
-            c_pen = self.eta * (xi if isinstance(xi, float) else _padded(xi.to(W).repeat_interleave(p)[:, None], E * p))
-            pull = torch.empty_like(W)
-        for j in range(0, Xb.shape[0], B):
-            x = Xb[j:j + B]
-            lam = _rows_times(W, x).T.contiguous().mul_(1.0 / math.sqrt(d)).view(B, E, p)
-            f = self.activation(lam)
-            torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
-            g = self.loss_grad(Db[j:j + B]).unsqueeze(-1)  # (B, E, 1)
-            if penalised:
-                torch.sub(W, W_star, out=pull).mul_(F).mul_(c_pen)
-            _add_rows_times(W, (g * h * self.activation_grad(lam)).view(B, E * p).T, x, -c_W)
-            if penalised:
-                W.sub_(pull)
-            h.sub_((g * f).sum(0), alpha=c_head)
+                f, df = self.activation(u), self.activation_grad(u)
+            torch.linalg.vecdot(f, h, out=b.d_rows[j]).sub_(b.y_rows[j])
+            dl = b.d_cols[j] if builtin else self.loss_grad(b.d_cols[j])
+            g = b.g_mats[j]
+            if df is None:
+                g.copy_(h)
+            else:
+                torch.mul(h, df, out=g)
+            g.mul_(dl)
+            h.addcmul_(f, dl, value=-c_head)
+            b.U.addr_(b.k_rows[j], b.g_rows[j], alpha=-c_u)
+        Db.copy_(b.D)
+        b.apply_updates(W, Xb, -c_W)
 
     def _minibatch_block(self, W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor, B: int) -> None:
         """One block of minibatch SGD (``B`` samples per step, the mean step), in place.
@@ -515,16 +497,17 @@ class MultiHeadStudent(MultiHeadModule):
         """
         E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(B)
+        builtin = self.uses_builtin_steps()
         n = Xb.shape[0]
         U = _pre_activations(W, Xb, E * p, kappa / math.sqrt(d))  # (n, E_pad p)
         K = Xb @ Xb.T
         Gb = torch.zeros(n, E * p, dtype=Xb.dtype, device=Xb.device)
         for j in range(0, n, B):
             u = U[j:j + B].sub(_rows_times(Gb[:j].T, K[j:j + B, :j]).T, alpha=c_u).view(B, E, p)
-            f = _phi_u(act, u)
+            f = _phi_u(act, u) if builtin else self.activation(u)
             torch.sub((f * h).sum(-1), Yb[j:j + B], out=Db[j:j + B])
-            dl = Db[j:j + B].unsqueeze(-1)
-            df = _dphi_u(act, u, f)
+            dl = (Db[j:j + B] if builtin else self.loss_grad(Db[j:j + B])).unsqueeze(-1)
+            df = _dphi_u(act, u, f) if builtin else self.activation_grad(u)
             g = Gb[j:j + B].view(B, E, p)
             torch.mul(dl, h, out=g)
             if df is not None:
@@ -555,8 +538,6 @@ class MultiHeadStudent(MultiHeadModule):
 MIN_ROWS = 4
 GRAM_WORK = 1 << 17
 """``_block_size``: the block's Gram matrix may cost up to this many multiply-adds per SGD step."""
-SCALAR_GRAM_WORK = 1 << 16
-"""``_scalar_block_size``: the scalar kernel's Gram matrix may cost up to this many multiply-adds per SGD step."""
 VECTOR_ROWS = 64
 """``sgd_steps`` pads the units of the ensemble (rows of W) to a multiple of this: whole AVX-512 vectors, twice."""
 
@@ -585,3 +566,68 @@ def _add_rows_times(W: Tensor, A: Tensor, X: Tensor, alpha: float) -> None:
         return
     Wp = _padded(W, MIN_ROWS)
     W.copy_(Wp.addmm_(_padded(A, MIN_ROWS), X, alpha=alpha)[: W.shape[0]])
+
+
+class _OnlineBuffers:
+    """The tensors of an online block of ``n`` samples and views of their rows, made once per call
+    of ``sgd_steps`` and reused by every block: ``U`` (n, E_pad p) the pre-activations, ``K`` (n, n)
+    the Gram matrix, ``G`` (n, E_pad p) the update directions, ``F``/``DF`` ``phi`` and ``phi'`` of
+    each step, ``D``/``Y`` (n, E_pad) the ``Delta`` and labels. ``exact_rows``: the products keep each
+    member's rows apart (``_rows_times``; an ensemble); else plain products (a single student)."""
+
+    def __init__(self, n: int, E: int, p: int, exact_rows: bool, like: Tensor) -> None:
+        def new(*shape: int) -> Tensor:
+            return like.new_empty(shape)
+
+        self.n, self.exact_rows = n, exact_rows
+        self.U, self.K, self.G, self.F, self.DF = new(n, E * p), new(n, n), new(n, E * p), new(n, E * p), new(n, E * p)
+        self.D, self.Y = new(n, E), new(n, E)
+        self.u_mats, self.f_mats, self.df_mats, self.g_mats = (A.view(n, E, p).unbind(0) for A in (self.U, self.F, self.DF, self.G))
+        self.k_rows, self.g_rows, self.d_rows, self.y_rows = self.K.unbind(0), self.G.unbind(0), self.D.unbind(0), self.Y.unbind(0)
+        self.d_cols = self.D.view(n, E, 1).unbind(0)
+
+    def products(self, W: Tensor, Xb: Tensor, scale: float) -> None:
+        """``U = scale X W^T`` (zero columns for the padded units) and ``K = X X^T``."""
+        if self.exact_rows:
+            self.U.zero_()
+            self.U[:, : W.shape[0]] = _rows_times(W, Xb).T
+        else:
+            torch.mm(Xb, W.T, out=self.U)
+        self.U.mul_(scale)
+        torch.mm(Xb, Xb.T, out=self.K)
+
+    def apply_updates(self, W: Tensor, Xb: Tensor, alpha: float) -> None:
+        """``W += alpha G^T X``: every update of the block in one product."""
+        if self.exact_rows:
+            _add_rows_times(W, self.G[:, : W.shape[0]].T, Xb, alpha)
+        else:
+            W.addmm_(self.G.T, Xb, alpha=alpha)
+
+
+# The built-in activations' steps in ``u = kappa lam`` (``zoo.models.multihead.phi_u``, ``dphi_u``: the
+# same operations, so the same bits), written into the buffers ``f`` and ``df``: (phi, phi' / dphi_const),
+# phi' None where it is 1 (linear)
+def _erf_steps(u: Tensor, f: Tensor, df: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.erf(u, out=f), torch.square(u, out=df).neg_().exp_()
+
+
+def _relu_steps(u: Tensor, f: Tensor, df: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.clamp_min(u, 0, out=f), torch.gt(u, 0, out=df)  # torch.relu is clamp_min(u, 0)
+
+
+def _sigmoid_steps(u: Tensor, f: Tensor, df: Tensor) -> tuple[Tensor, Tensor]:
+    torch.sigmoid(u, out=f)
+    return f, torch.sub(f, torch.mul(f, f, out=df), out=df)
+
+
+def _tanh_steps(u: Tensor, f: Tensor, df: Tensor) -> tuple[Tensor, Tensor]:
+    torch.tanh(u, out=f)
+    return f, torch.sub(1.0, torch.mul(f, f, out=df), out=df)
+
+
+def _linear_steps(u: Tensor, f: Tensor, df: Tensor) -> tuple[Tensor, None]:
+    return u, None
+
+
+_BUILTIN_STEPS = {"erf": _erf_steps, "relu": _relu_steps, "sigmoid": _sigmoid_steps, "tanh": _tanh_steps,
+                  "linear": _linear_steps}
