@@ -470,23 +470,24 @@ class MultiHeadStudent(MultiHeadModule):
         b.products(W, Xb, kappa / math.sqrt(self.d))
         b.Y.copy_(Yb)
         builtin = self.uses_builtin_steps()
-        unit = _BUILTIN_STEPS[self.activation_name]
-        for j in range(b.n):
-            u = b.u_mats[j]
+        unit, vecdot, addr = _BUILTIN_STEPS[self.activation_name], torch.linalg.vecdot, b.U.addr_
+        # one tuple of row views a step (zip: no indexing, a step is its tensor ops and little Python)
+        rows = zip(b.u_mats, b.f_mats, b.df_mats, b.d_rows, b.y_rows, b.d_cols, b.g_mats, b.k_rows, b.g_rows)
+        for u, f, df, delta, y, dl, g, k, g_row in rows:
             if builtin:
-                f, df = unit(u, b.f_mats[j], b.df_mats[j])
+                f, df = unit(u, f, df)
             else:
                 f, df = self.activation(u), self.activation_grad(u)
-            torch.linalg.vecdot(f, h, out=b.d_rows[j]).sub_(b.y_rows[j])
-            dl = b.d_cols[j] if builtin else self.loss_grad(b.d_cols[j])
-            g = b.g_mats[j]
+            vecdot(f, h, out=delta).sub_(y)
+            if not builtin:
+                dl = self.loss_grad(dl)
             if df is None:
                 g.copy_(h)
             else:
                 torch.mul(h, df, out=g)
             g.mul_(dl)
             h.addcmul_(f, dl, value=-c_head)
-            b.U.addr_(b.k_rows[j], b.g_rows[j], alpha=-c_u)
+            addr(k, g_row, alpha=-c_u)
         Db.copy_(b.D)
         b.apply_updates(W, Xb, -c_W)
 
