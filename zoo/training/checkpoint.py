@@ -95,8 +95,9 @@ class RunCheckpoint(ModelCheckpoint):
             raise ValueError(f"RunCheckpoint: every_n_train_steps = {every_n_train_steps!r}; "
                              "allowed: a positive integer, or null to use `every`")
         # every_n_train_steps=0 / every_n_epochs=0: the base class's own schedule is off, this class decides
+        # (on_exception too, below: no save_on_exception, which lightning 2.5.0's ModelCheckpoint lacks)
         super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, every_n_epochs=0,
-                         save_on_train_epoch_end=True, save_on_exception=True, enable_version_counter=False)
+                         save_on_train_epoch_end=True, enable_version_counter=False)
         self.every = float(every)
         self.every_n = every_n_train_steps
         self._interval: int | None = every_n_train_steps
