@@ -15,12 +15,24 @@ from zoo.training.history import packed, unpacked
 from zoo.training.logs import log_figure, log_matrix, log_scalars, log_step, output_path, overlay_charts, warn_once, write_table  # noqa: F401
 
 
+def check(who: str, name: str, value, ok: bool, allowed: str) -> None:
+    """Unless ``ok``, the ValueError of a callback's bad argument: ``<who>: <name> = <value>; allowed: <allowed>``."""
+    if not ok:
+        raise ValueError(f"{who}: {name} = {value!r}; allowed: {allowed}")
+
+
 def check_count(who: str, name: str, value: int, minimum: int = 1) -> int:
     """``value`` as an int; a ValueError naming ``who`` and ``name`` unless it is an integer >= ``minimum``."""
-    if isinstance(value, bool) or int(value) != value or value < minimum:
-        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{who}: {name} = {value!r}; allowed: {allowed}")
+    check(who, name, value, not isinstance(value, bool) and int(value) == value >= minimum,
+          "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
     return int(value)
+
+
+def member_charts(trainer: pl.Trainer, title: str, labels: list[str], pattern: str) -> None:
+    """A CUSTOM SCALARS chart per member (``overlay_charts``) of the tags ``pattern.format(<its label, escaped>)``."""
+    import re
+
+    overlay_charts(trainer, title, {lbl: pattern.format(re.escape(lbl)) for lbl in labels})
 
 
 def shown_members(callback: pl.Callback, labels: list[str], cap: int | None, arg: str,
@@ -48,6 +60,7 @@ class PeriodicCallback(pl.Callback):
     """
 
     unit: str = "steps"
+    NEEDS: tuple[str, ...] = ()  # the module's methods it reads, checked before training (a subclass may check more)
 
     def __init__(self, every_n_steps: int = 10) -> None:
         self.every_n_steps = check_count(type(self).__name__, "every_n_steps", every_n_steps)
@@ -73,6 +86,9 @@ class PeriodicCallback(pl.Callback):
         self._prev_step = g
         return g // self.every_n_steps > prev // self.every_n_steps
 
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.need(pl_module, *self.NEEDS)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.now = self.clock(trainer, pl_module)
         # member-parallel (zoo.training.distributed): every rank gathers all members, rank 0 records and writes
@@ -97,11 +113,6 @@ class PeriodicCallback(pl.Callback):
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         """The callback's work: at the start of training (``outputs`` None) and every n steps."""
-
-    def log_scalars(self, trainer: pl.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
-        """Write ``metrics`` to every logger at ``step`` (default: the module's axis,
-        ``zoo.training.logs.log_step``, whichever ``unit`` schedules the callback)."""
-        log_scalars(trainer, metrics, step)
 
     def need(self, pl_module: pl.LightningModule, *methods: str) -> None:
         """Fail before training if the module lacks what this callback reads."""
@@ -135,6 +146,25 @@ class HistoryCallback(PeriodicCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._reset()
+
+    def append(self, **values) -> None:
+        """Each value appended to its list (tensors, not numpy arrays: the record loads with ``weights_only``)."""
+        for key, value in values.items():
+            self.history[key].append(value)
+
+
+class AtTrainEnd(pl.Callback):
+    """A callback whose work at the end of training reads every member: members may be sharded across
+    processes until teardown (``zoo.training.distributed``), so every rank gathers them (a collective)
+    and rank 0 alone runs ``publish``, which logs and writes."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        with all_members(pl_module):
+            if trainer.is_global_zero:
+                self.publish(trainer, pl_module)
+
+    def publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The end-of-training work, on rank 0 with every member in the module."""
 
 
 def resuming(trainer: pl.Trainer) -> bool:

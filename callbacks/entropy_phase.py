@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.base import HistoryCallback, log_figure, warn_once
+from callbacks.base import HistoryCallback, check, log_figure, log_scalars, warn_once
+from callbacks.teacher_student import student_errors, teacher_data
 from zoo.analysis.init_grid import ENTROPIES, InitGrid, init_grid, phase_record, phase_report
 
 class EntropyPhaseDiagram(HistoryCallback):
@@ -57,19 +58,15 @@ class EntropyPhaseDiagram(HistoryCallback):
                  threshold: float = 0.5, converged: float = 1e-3, figure: bool = True,
                  axes: tuple[str, str, str] = ("sigma", "r", "theta")) -> None:
         who = "EntropyPhaseDiagram"
-        if every_n_steps is not None and (isinstance(every_n_steps, bool) or int(every_n_steps) != every_n_steps
-                                          or every_n_steps < 1):
-            raise ValueError(f"{who}: every_n_steps = {every_n_steps!r}; allowed: a positive integer or null (end only)")
+        check(who, "every_n_steps", every_n_steps, every_n_steps is None or (not isinstance(every_n_steps, bool)
+              and int(every_n_steps) == every_n_steps >= 1), "a positive integer or null (end only)")
         super().__init__(1 if every_n_steps is None else int(every_n_steps))
         self.intermediate = every_n_steps is not None
-        if d_alpha is not None and not (isinstance(d_alpha, (int, float)) and 0 < d_alpha < math.inf):
-            raise ValueError(f"{who}: d_alpha = {d_alpha!r}; allowed: a positive number or null (0.01 / eta)")
-        if not 0 < threshold < 1:
-            raise ValueError(f"{who}: threshold = {threshold!r}; allowed: a fraction of the maximal entropy in (0, 1)")
-        if not converged > 0:
-            raise ValueError(f"{who}: converged = {converged!r}; allowed: an error > 0")
-        if len(axes) != 3 or len(set(axes)) != 3:
-            raise ValueError(f"{who}: axes = {axes!r}; allowed: three distinct member parameters (x, y, panels)")
+        check(who, "d_alpha", d_alpha, d_alpha is None or (isinstance(d_alpha, (int, float)) and 0 < d_alpha < math.inf),
+              "a positive number or null (0.01 / eta)")
+        check(who, "threshold", threshold, 0 < threshold < 1, "a fraction of the maximal entropy in (0, 1)")
+        check(who, "converged", converged, converged > 0, "an error > 0")
+        check(who, "axes", axes, len(axes) == 3 and len(set(axes)) == 3, "three distinct member parameters (x, y, panels)")
         self.ode, self.d_alpha, self.threshold = bool(ode), d_alpha, float(threshold)
         self.converged, self.figure, self.axes = float(converged), bool(figure), tuple(axes)
         self.grid: InitGrid | None = None
@@ -84,9 +81,7 @@ class EntropyPhaseDiagram(HistoryCallback):
             self.grid = init_grid(pl_module.member_params, self.axes)
         except ValueError as err:
             raise ValueError(f"EntropyPhaseDiagram: axes = {list(self.axes)}: {err}") from None
-        dm = trainer.datamodule
-        if dm is None or not hasattr(dm, "W_teachers"):
-            raise TypeError("EntropyPhaseDiagram needs a teacher-student datamodule (datamodules.TeacherStudent)")
+        dm = teacher_data(trainer, "EntropyPhaseDiagram")
         act = pl_module.activation_name
         if self.ode:
             if act not in ACTIVATIONS:
@@ -102,8 +97,7 @@ class EntropyPhaseDiagram(HistoryCallback):
     def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = self.clock(trainer, pl_module)
         if step not in self.history["steps"]:
-            self.history["steps"].append(step)
-            self.history["entropies"].append({k: v.detach().double().cpu() for k, v in pl_module.entropies().items()})
+            self.append(steps=step, entropies={k: v.detach().double().cpu() for k, v in pl_module.entropies().items()})
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or self.grid is None:
@@ -115,8 +109,7 @@ class EntropyPhaseDiagram(HistoryCallback):
             self.trajectory = pl_module.mean_field(
                 dm.W_teachers, dm.teacher_heads, [s / d for s in dm.switch_steps], final / d, d_alpha=self._d_alpha,
                 record_every=self.every_n_steps / d if self.intermediate else final / d)
-        source = "mc" if pl_module.activation_name == "sigmoid" else "theory"
-        error = pl_module.task_errors(dm, source)[:, int(pl_module.task)]
+        error = student_errors(trainer, pl_module)[:, int(pl_module.task)]
         for step in sorted(self.history["steps"]):
             r = self.compute(pl_module, step, error if step == final else None)
             self.log_record(trainer, pl_module, step, r)
@@ -157,7 +150,7 @@ class EntropyPhaseDiagram(HistoryCallback):
                         "entropy_phase/error/fraction_converged": float((eps < self.converged).mean())}
             if "ode_error" in r:
                 metrics["entropy_phase/error/ode_median"] = float(np.median(r["ode_error"]))
-        self.log_scalars(trainer, metrics, step=step)
+        log_scalars(trainer, metrics, step=step)
         for H in ENTROPIES:
             log_figure(trainer, f"entropy_phase/{H}", self.make_figure(r, pl_module, (H,), error=False, dpi=80), step=step)
 

@@ -7,7 +7,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from callbacks.base import HistoryCallback, log_figure
+from callbacks.base import HistoryCallback, check, log_figure, log_scalars
 
 
 class ErrorCurves(HistoryCallback):
@@ -27,8 +27,7 @@ class ErrorCurves(HistoryCallback):
     def __init__(self, every_n_steps: int = 1000, group_by: str | None = None, color_by: str | None = None,
                  source: Literal["theory", "mc"] = "theory", log_scale: bool = False) -> None:
         super().__init__(every_n_steps)
-        if source not in ("theory", "mc"):
-            raise ValueError(f"ErrorCurves: source = {source!r}; allowed: 'theory' or 'mc'")
+        check("ErrorCurves", "source", source, source in ("theory", "mc"), "'theory' or 'mc'")
         self.group_by, self.color_by, self.source, self.log_scale = group_by, color_by, source, log_scale
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -42,9 +41,8 @@ class ErrorCurves(HistoryCallback):
 
     def on_due(self, trainer, pl_module, outputs) -> None:
         eps = pl_module.task_errors(trainer.datamodule, self.source).detach().double().cpu()  # (E, n_tasks)
-        self.history["steps"].append(self.now)
-        self.history["errors"].append(eps)
-        self.log_scalars(trainer, {f"error/{lbl}/task{t}": eps[e, t] for e, lbl in enumerate(pl_module.labels)
+        self.append(steps=self.now, errors=eps)
+        log_scalars(trainer, {f"error/{lbl}/task{t}": eps[e, t] for e, lbl in enumerate(pl_module.labels)
                                    for t in range(eps.shape[1])})
 
     def on_fit_end(self, trainer, pl_module) -> None:

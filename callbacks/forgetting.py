@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, all_members, log_figure, shown_members, warn_once, write_table
+from callbacks.base import HistoryCallback, all_members, check, log_figure, log_scalars, shown_members, warn_once, write_table
 from zoo.analysis.forgetting import (error_matrix, forgetting_transfer, member_table, paired_differences, per_group,
                                      profile_shape, profiles)
 
@@ -69,15 +69,14 @@ class Forgetting(HistoryCallback):
                  d_alpha: float = 0.01, grid_rows: str | None = None, grid_cols: str | None = None,
                  unit: Literal["samples", "steps"] = "samples", table: bool = False, figure: bool = True) -> None:
         super().__init__(every_n_steps)
-        bad = [(n, v, allowed) for n, v, ok, allowed in (
-            ("source", source, source in (None, "theory", "mc"), "'theory', 'mc' or null"),
-            ("delta_alpha", delta_alpha, delta_alpha is None or 0 < delta_alpha < math.inf, "a positive number or null"),
-            ("max_members", max_members, int(max_members) == max_members >= 0, "an integer >= 0"),
-            ("tol", tol, tol >= 0, ">= 0"), ("d_alpha", d_alpha, d_alpha > 0, "a positive Euler step"),
-            ("grid_cols", grid_cols, (grid_rows is None) == (grid_cols is None), "set with grid_rows, or neither"),
-            ("unit", unit, unit in ("samples", "steps"), "'samples' or 'steps'")) if not ok]
-        if bad:
-            raise ValueError(f"Forgetting: {bad[0][0]} = {bad[0][1]!r}; allowed: {bad[0][2]}")
+        who = "Forgetting"
+        check(who, "source", source, source in (None, "theory", "mc"), "'theory', 'mc' or null")
+        check(who, "delta_alpha", delta_alpha, delta_alpha is None or 0 < delta_alpha < math.inf, "a positive number or null")
+        check(who, "max_members", max_members, int(max_members) == max_members >= 0, "an integer >= 0")
+        check(who, "tol", tol, tol >= 0, ">= 0")
+        check(who, "d_alpha", d_alpha, d_alpha > 0, "a positive Euler step")
+        check(who, "grid_cols", grid_cols, (grid_rows is None) == (grid_cols is None), "set with grid_rows, or neither")
+        check(who, "unit", unit, unit in ("samples", "steps"), "'samples' or 'steps'")
         self.delta_alpha, self.source, self.max_members, self.over = delta_alpha, source, int(max_members), over
         self.repeats, self.tol, self.ode, self.d_alpha = tuple(repeats), float(tol), bool(ode), float(d_alpha)
         self.grid_rows, self.grid_cols, self.unit, self.table, self.figure = grid_rows, grid_cols, unit, table, figure
@@ -150,7 +149,7 @@ class Forgetting(HistoryCallback):
 
     def _log_members(self, trainer, pl_module, tag: str, values: Tensor) -> None:
         labels = shown_members(self, pl_module.labels, self.max_members, "max_members", "logs scalars of")
-        self.log_scalars(trainer, {f"{tag}/{lbl}": values[e] for e, lbl in enumerate(labels)})
+        log_scalars(trainer, {f"{tag}/{lbl}": values[e] for e, lbl in enumerate(labels)})
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # every rank: the ODE and the node norms read every member (a collective while sharded)
@@ -211,7 +210,7 @@ class Forgetting(HistoryCallback):
         if "draw" in self.repeats and any("draw" in p for p in params):
             for g, p in profiles(forgetting, params, over, tuple(r for r in self.repeats if r != "draw")).items():
                 metrics |= {f"forgetting_by_draw/{g}/{over}={x:g}": m for x, m in zip(p["x"], p["mean"])}
-        self.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
         self.result |= {"profiles": prof, "profiles_ode": prof_ode}
         if callable(getattr(pl_module, "order_parameters", None)) and hasattr(trainer.datamodule, "W_teachers"):
             Q = pl_module.order_parameters(trainer.datamodule.W_teachers)[0]  # final node norms sqrt(Q_ii), [S] Fig. 6b

@@ -11,15 +11,15 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, all_members, check_count, log_figure, log_scalars, overlay_charts, resuming
+from callbacks.base import (AtTrainEnd, HistoryCallback, all_members, check, check_count, log_figure, log_scalars,
+                            overlay_charts, resuming)
 from zoo.analysis.gdln import run_summary, xor_setting, xor_times, xor_trajectories
 from zoo.plots import gdln as plots
 from zoo.theory import gdln as theory
 
 
 def _fractions(owner: str, fractions: list[float]) -> list[float]:
-    if not fractions or any(not 0 < f < 1 for f in fractions):
-        raise ValueError(f"{owner}: fractions = {fractions}; allowed: numbers in (0, 1)")
+    check(owner, "fractions", fractions, bool(fractions) and all(0 < f < 1 for f in fractions), "numbers in (0, 1)")
     return list(fractions)
 
 
@@ -177,15 +177,14 @@ class PathwaySingularValues(HistoryCallback):
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         sv = {n: m.pathway_singular_values(*self.race[n][:2]).mean(0).cpu() for n, m in self.gdlns.items()}  # (P, k)
-        self.history["epochs"].append(self.now)
-        self.history["sv"].append(sv)
+        self.append(epochs=self.now, sv=sv)
         self._log(trainer, self.now, sv)
 
     def _log(self, trainer: pl.Trainer, epoch: int, sv: dict[str, Tensor]) -> None:
         for name, m in self.gdlns.items():
             t, pred = self.race[name][2:]
             i = int(torch.searchsorted(t, torch.tensor(epoch)).clamp(max=len(t) - 1))
-            self.log_scalars(trainer, {f"pathway_sv/{name}/{p}/mode{k}{tag}": float(v[j, k])
+            log_scalars(trainer, {f"pathway_sv/{name}/{p}/mode{k}{tag}": float(v[j, k])
                                        for j, p in enumerate(m.gating.names) for k in range(self.n_modes)
                                        for tag, v in (("", sv[name]), ("_predicted", pred[i]))}, step=epoch)
 
@@ -197,17 +196,16 @@ class PathwaySingularValues(HistoryCallback):
             log_figure(trainer, f"pathway_singular_values/{name}", fig, png=f"pathway_singular_values_{name}.png")
 
 
-class XorLearningTimes(pl.Callback):
+class XorLearningTimes(AtTrainEnd):
     """[H] Fig. 2d (``xor_times.png``, ``xor_time/<model or closed_form_<kind>>/Delta=<D>``): epochs to
     loss ``criterion`` vs the margin for every network on ``XorMargin(Delta=[...])``, the closed forms
     of the linear and XoR ReLNs ([H] App. C) and ``sqrt(2/3)``; Fig. 2e (``xor_trajectories.png``):
     the losses of the members nearest ``trajectory_deltas``. Reads a ``LossCurves``' record."""
 
     def __init__(self, criterion: float = 0.2, trajectory_deltas: list[float] = [0.3, 0.6, 1.0, 1.6]) -> None:
-        if not 0 < criterion < 0.5:
-            raise ValueError(f"XorLearningTimes: criterion = {criterion}; allowed: a loss in (0, 0.5)")
-        if any(not (d >= 0) for d in trajectory_deltas):
-            raise ValueError(f"XorLearningTimes: trajectory_deltas = {trajectory_deltas}; allowed: margins >= 0")
+        who = "XorLearningTimes"
+        check(who, "criterion", criterion, 0 < criterion < 0.5, "a loss in (0, 0.5)")
+        check(who, "trajectory_deltas", trajectory_deltas, all(d >= 0 for d in trajectory_deltas), "margins >= 0")
         self.criterion, self.trajectory_deltas = criterion, list(trajectory_deltas)
 
     def _setting(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[dict, Tensor, dict]:
@@ -227,12 +225,7 @@ class XorLearningTimes(pl.Callback):
         curves, deltas, kw = self._setting(trainer, pl_module)
         return deltas, xor_times(curves, deltas, self.criterion, **kw)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        with all_members(pl_module):  # the closed forms read every member's initial weights
-            if trainer.is_global_zero:
-                self._publish(trainer, pl_module)
-
-    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         deltas, times = self.times(trainer, pl_module)
         log_scalars(trainer, {f"xor_time/{name}/Delta={d:g}": float(v) for name, ts in times.items()
                               for d, v in zip(deltas.tolist(), ts.tolist()) if math.isfinite(v)})
@@ -241,7 +234,7 @@ class XorLearningTimes(pl.Callback):
             log_figure(trainer, tag, fig, png=f"{tag}.png")
 
 
-class StereotypicalLoss(EpochLosses):
+class StereotypicalLoss(EpochLosses, AtTrainEnd):
     """[H] Fig. 6b (``stereotypical_loss``, PNG and TensorBoard; a log panel with ``log_y``): every
     run's (member's) loss faded, each network's stereotypical run (``zoo.analysis.gdln``) bold.
     Scalars ``stereotypical/<model>/member``, ``.../epochs_to/<f>`` for each of ``fractions`` (with
@@ -252,12 +245,9 @@ class StereotypicalLoss(EpochLosses):
         super().__init__()
         self.fractions, self.log_y, self.summary = _fractions("StereotypicalLoss", fractions), log_y, {}
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        with all_members(pl_module):  # a two-layer ReLU net's first_layer_on reads every member's weights
-            if trainer.is_global_zero and self.recorded():
-                self._publish(trainer, pl_module)
-
-    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.recorded():
+            return
         nets, metrics = pl_module.networks(), {}
         for name in self.recorded():
             s = self.summary[name] = run_summary(self.curve(name)[1], tuple(self.fractions))

@@ -12,12 +12,11 @@ class NetworkMap(PeriodicCallback):
     ``map/target``, the whitened task map ``sigma_yx / c`` the network converges to.
     """
 
+    NEEDS = ("network_map",)
+
     def __init__(self, every_n_steps: int = 100, max_images: int = 8) -> None:
         super().__init__(every_n_steps)
         self.max_images = max_images
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.need(pl_module, "network_map")
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule

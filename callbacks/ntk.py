@@ -1,12 +1,10 @@
 """How far the neural tangent kernel moves: lazy networks keep it, rich ones change it ([L] Fig. 5)."""
 from __future__ import annotations
 
-import re
-
 import lightning.pytorch as pl
 import torch
 
-from callbacks.base import HistoryCallback, check_count, log_figure, overlay_charts
+from callbacks.base import HistoryCallback, check_count, log_figure, log_scalars, member_charts
 
 
 class NTKDistance(HistoryCallback):
@@ -42,8 +40,7 @@ class NTKDistance(HistoryCallback):
             X = X[torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(self.seed))[: self.probe_size]]
         self._probe = X
         self._task = (dm.sigma_yx, dm.modes().c) if callable(getattr(dm, "modes", None)) else None
-        overlay_charts(trainer, "NTK kernel distance (simulation vs theory)",
-                       {lbl: f"ntk/distance(_theory)?/{re.escape(lbl)}$" for lbl in pl_module.labels})
+        member_charts(trainer, "NTK kernel distance (simulation vs theory)", pl_module.labels, "ntk/distance(_theory)?/{}$")
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.history["K0"]:  # a resumed run has it from the checkpoint
@@ -62,11 +59,8 @@ class NTKDistance(HistoryCallback):
         th = None if K is None else kernel_distance(K[:, 0], K[:, 1])
         if th is not None:
             metrics.update({f"ntk/distance_theory/{lbl}": th[e] for e, lbl in enumerate(pl_module.labels)})
-        h["steps"].append(g)
-        # tensors, not numpy arrays: callback state must load from checkpoints with weights_only
-        h["distance"].append(dist.clone())
-        h["theory"].append(th)
-        self.log_scalars(trainer, metrics)
+        self.append(steps=g, distance=dist.clone(), theory=th)
+        log_scalars(trainer, metrics)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from zoo.plots.linear import curves_with_theory

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from callbacks.base import HistoryCallback, check_count, log_figure, log_matrix, resuming
+from callbacks.base import HistoryCallback, check, check_count, log_figure, log_matrix, log_scalars, resuming
 from zoo.models import reln
 from zoo.plots import gdln as plots
 
@@ -73,8 +73,7 @@ class ActivationPatterns(HistoryCallback):
         if not callable(getattr(self.net, "activation_patterns", None)):
             raise TypeError(f"ActivationPatterns needs a ReLUNet (activation_patterns()); {type(self.net).__name__} has none")
         n = len(self.net.hidden)
-        if not -n <= self.layer < n:
-            raise ValueError(f"ActivationPatterns: layer = {self.layer}; allowed: -{n} .. {n - 1}")
+        check("ActivationPatterns", "layer", self.layer, -n <= self.layer < n, f"-{n} .. {n - 1}")
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         X = trainer.datamodule.X.to(self.net.W[0].device)
@@ -127,8 +126,7 @@ class HiddenMDS(HistoryCallback):
         self.name, self.net = _network(pl_module, self.model)
         self.need(self.net, "hidden_activity")
         n = len(self.net.hidden_activity(trainer.datamodule.X[:1]))
-        if not -n <= self.layer < n:
-            raise ValueError(f"HiddenMDS: layer = {self.layer}; allowed: -{n} .. {n - 1}")
+        check("HiddenMDS", "layer", self.layer, -n <= self.layer < n, f"-{n} .. {n - 1}")
         # the resumed run's TensorBoard starts at this epoch (zoo.training.resume_events): log again
         # what was recorded here before the checkpoint
         if resuming(trainer) and trainer.is_global_zero and self.records and self.records[-1][0] == self.now:
@@ -140,7 +138,7 @@ class HiddenMDS(HistoryCallback):
         return reln.hidden_mds(H, self.dim)
 
     def _publish(self, trainer: pl.Trainer, coords: Tensor, explained: float) -> None:
-        self.log_scalars(trainer, {f"mds/{self.name}/explained": explained})
+        log_scalars(trainer, {f"mds/{self.name}/explained": explained})
         fig = plots.mds([(self.now, coords)], self.name, **_data_layout(trainer.datamodule))
         log_figure(trainer, f"mds/{self.name}", fig, step=self.now)
 

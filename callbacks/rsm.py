@@ -16,12 +16,11 @@ class RSM(PeriodicCallback):
     member, simulated and predicted RSMs side by side) and writes it as ``rsm.png``.
     """
 
+    NEEDS = ("input_rsm", "output_rsm")
+
     def __init__(self, every_n_steps: int = 100, max_images: int = 8, figure: bool = True) -> None:
         super().__init__(every_n_steps)
         self.max_images, self.figure = max_images, figure
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.need(pl_module, "input_rsm", "output_rsm")
 
     def _matrices(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         """Name -> (E, n, n): the RSMs now and, where predicted, their theory."""

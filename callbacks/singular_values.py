@@ -1,12 +1,10 @@
 """Mode strengths of a linear network's map along the task's singular directions, with theory."""
 from __future__ import annotations
 
-import re
-
 import lightning.pytorch as pl
 import torch
 
-from callbacks.base import HistoryCallback, check_count, log_figure, overlay_charts
+from callbacks.base import HistoryCallback, check_count, log_figure, log_scalars, member_charts
 
 
 class SingularValues(HistoryCallback):
@@ -35,28 +33,25 @@ class SingularValues(HistoryCallback):
         m = dm.modes()
         k = min(self.max_modes, len(m.s))
         self._modes = type(m)(m.U[:, :k], m.s[:k], m.V[:, :k], m.c)
-        overlay_charts(trainer, "mode strengths (simulation vs theory)",
-                       {lbl: f"modes/{re.escape(lbl)}/a\\d+(_theory)?$" for lbl in pl_module.labels})
+        member_charts(trainer, "mode strengths (simulation vs theory)", pl_module.labels, "modes/{}/a\\d+(_theory)?$")
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         h, g = self.history, trainer.global_step
         if outputs is None and h["steps"] and h["steps"][-1] == g:
             return  # resumed at a logged step
         if isinstance(outputs, dict) and "member_loss" in outputs:
-            # tensors, not numpy arrays: callback state must load from checkpoints with weights_only
-            h["loss_steps"].append(int(outputs.get("loss_step", g - 1)))
-            h["losses"].append(outputs["member_loss"].detach().cpu().double())
+            self.append(loss_steps=int(outputs.get("loss_step", g - 1)),
+                        losses=outputs["member_loss"].detach().cpu().double())
         m = self._modes
         a = pl_module.mode_strengths(m.U, m.V).cpu().double()
         pred = pl_module.predicted_mode_strengths(torch.tensor([g]), m)
-        h["steps"].append(g)
-        h["strengths"].append(a.clone())
+        self.append(steps=g, strengths=a.clone())
         metrics = {}
         for e, lbl in enumerate(pl_module.labels):
             metrics.update({f"modes/{lbl}/a{i}": a[e, i] for i in range(a.shape[1])})
             if pred is not None:
                 metrics.update({f"modes/{lbl}/a{i}_theory": pred[e, 0, i] for i in range(a.shape[1])})
-        self.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from zoo.plots.linear import loss_and_modes

@@ -16,8 +16,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks.base import PeriodicCallback, log_figure
-from zoo.training.distributed import all_members
+from callbacks.base import PeriodicCallback, all_members, check, log_figure, log_scalars
 from zoo.plots.sparsity import sparsity_figure
 from zoo.models.sae import MEASURES
 
@@ -39,12 +38,10 @@ class Sparsity(PeriodicCallback):
                  dense_threshold: float = 0.5, histograms: bool = True, figure: bool = True) -> None:
         super().__init__(every_n_steps)
         name = type(self).__name__
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"{name}: window = {window!r}; allowed: a positive number of samples, or null for all")
-        if not (math.isfinite(threshold) and threshold >= 0):
-            raise ValueError(f"{name}: threshold = {threshold!r}; allowed: a number >= 0 (0 is [S] Eq. 30)")
-        if not 0.0 <= dense_threshold < 1.0:
-            raise ValueError(f"{name}: dense_threshold = {dense_threshold!r}; allowed: 0 <= threshold < 1")
+        check(name, "window", window, window is None or (isinstance(window, int) and not isinstance(window, bool)
+              and window >= 1), "a positive number of samples, or null for all")
+        check(name, "threshold", threshold, math.isfinite(threshold) and threshold >= 0, "a number >= 0 (0 is [S] Eq. 30)")
+        check(name, "dense_threshold", dense_threshold, 0.0 <= dense_threshold < 1.0, "0 <= threshold < 1")
         self.window, self.threshold, self.dense_threshold = window, float(threshold), float(dense_threshold)
         self.histograms, self.figure = histograms, figure
         self._x: torch.Tensor | None = None
@@ -71,12 +68,10 @@ class Sparsity(PeriodicCallback):
         for k in MEASURES:
             self.last[k] = torch.where(alive, self.last[k].double(), torch.nan)
         members = [(e, lbl) for e, lbl in enumerate(pl_module.labels) if bool(alive[e])]
-        self.log_scalars(trainer, {f"sparsity/{k}/{lbl}": float(self.last[k][e]) for k in MEASURES for e, lbl in members})
-        if self.histograms and trainer.is_global_zero:
-            for lg in trainer.loggers:
-                for e, lbl in members if isinstance(lg, TensorBoardLogger) else []:
-                    lg.experiment.add_histogram(f"sparsity/density/{lbl}", self.last["density"][e],
-                                                global_step=trainer.global_step)
+        log_scalars(trainer, {f"sparsity/{k}/{lbl}": float(self.last[k][e]) for k in MEASURES for e, lbl in members})
+        for lg in trainer.loggers if self.histograms else []:  # rank 0 only, as above
+            for e, lbl in members if isinstance(lg, TensorBoardLogger) else []:
+                lg.experiment.add_histogram(f"sparsity/density/{lbl}", self.last["density"][e], global_step=trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._x is None:

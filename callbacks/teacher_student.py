@@ -8,7 +8,6 @@ They schedule on the student's theory clock, SGD samples (``unit = "samples"``),
 from __future__ import annotations
 
 import math
-import re
 
 import lightning.pytorch as pl
 import numpy as np
@@ -16,12 +15,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from callbacks.base import (HistoryCallback, PeriodicCallback, all_members, check_count, log_figure, log_matrix,
-                            output_path, overlay_charts, shown_members)
+from callbacks.base import (HistoryCallback, PeriodicCallback, all_members, check, check_count, log_figure, log_matrix,
+                            log_scalars, member_charts, output_path, overlay_charts, shown_members)
 from zoo.plots import pyplot
 
 
-def _teacher_data(trainer: pl.Trainer, who: str, *attrs: str):
+def teacher_data(trainer: pl.Trainer, who: str, *attrs: str):
     """The run's teacher-student datamodule; a TypeError before training if it is not one."""
     dm = trainer.datamodule
     missing = [a for a in ("W_teachers", *attrs) if dm is None or not hasattr(dm, a)]
@@ -45,7 +44,7 @@ def _end_figure(trainer: pl.Trainer, cb: PeriodicCallback, pl_module, tag: str, 
     pyplot().close(fig)
 
 
-def _errors(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
+def student_errors(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
     """Every member's error per task (E, n_tasks): [S] Eq. 9 on the order parameters, or Monte
     Carlo on the test set where there is no closed form (sigmoid)."""
     return pl_module.task_errors(trainer.datamodule, "mc" if pl_module.activation_name == "sigmoid" else "theory")
@@ -87,7 +86,7 @@ class OrderParameters(HistoryCallback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.need(pl_module, "order_parameters", *(("task_errors",) if self.error_curve and self.figure else ()))
-        dm = _teacher_data(trainer, "OrderParameters")
+        dm = teacher_data(trainer, "OrderParameters")
         self._switches = {int(s) for s in getattr(dm, "switch_steps", [])}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -102,9 +101,7 @@ class OrderParameters(HistoryCallback):
             return
         with all_members(pl_module):  # every rank at a switch (a collective while sharded); full after fit
             Q, R, _ = pl_module.order_parameters(trainer.datamodule.W_teachers)
-        self.history["snap_steps"].append(now)
-        self.history["snap_Q"].append(Q[: self.max_images].detach().cpu())
-        self.history["snap_R"].append(R[: self.max_images].detach().cpu())
+        self.append(snap_steps=now, snap_Q=Q[: self.max_images].detach().cpu(), snap_R=R[: self.max_images].detach().cpu())
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         g = self.now
@@ -116,7 +113,7 @@ class OrderParameters(HistoryCallback):
             metrics |= {f"Q/{lbl}/{_pair(i, j, p)}": Q[e, i, j] for i in range(p) for j in range(i, p)}
             metrics |= {f"R/{lbl}/task{t}/{_pair(i, n, max(p, ps))}": R[e, t, i, n]
                         for t in range(n_tasks) for i in range(p) for n in range(ps)}
-        self.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
         if trainer.is_global_zero and self._images_due(g):
             for e, lbl in enumerate(shown_members(self, labels, self.max_images, "max_images")):
                 log_matrix(trainer, f"Q/{lbl}", Q[e], step=g, title=f"Q = W W^T / d  ({lbl}, step {g})")
@@ -124,8 +121,7 @@ class OrderParameters(HistoryCallback):
                     log_matrix(trainer, f"R/{lbl}/task{t}", R[e, t], step=g,
                                title=f"R task {t + 1}: rows student, cols teacher ({lbl})")
         if self.figure and self.error_curve and (not self.history["steps"] or self.history["steps"][-1] != g):
-            self.history["steps"].append(g)
-            self.history["errors"].append(_errors(trainer, pl_module))
+            self.append(steps=g, errors=student_errors(trainer, pl_module))
 
     def _images_due(self, g: int) -> bool:
         """At the first logging step of a fit, then when ``g`` crosses a multiple of ``images_every_n_steps``
@@ -161,13 +157,11 @@ class Entropies(PeriodicCallback):
     """
 
     unit = "samples"
+    NEEDS = ("entropies",)
 
     def __init__(self, every_n_steps: int = 1000, max_members: int = 32) -> None:
         super().__init__(every_n_steps)
         self.max_members = check_count("Entropies", "max_members", max_members, 0)
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.need(pl_module, "entropies")
 
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         metrics = {}
@@ -176,7 +170,7 @@ class Entropies(PeriodicCallback):
             metrics[f"entropy/{name}/mean"] = values.mean()
             labels = shown_members(self, pl_module.labels, self.max_members, "max_members", "logs scalars of")
             metrics |= {f"entropy/{name}/{lbl}": values[e] for e, lbl in enumerate(labels)}
-        self.log_scalars(trainer, metrics)
+        log_scalars(trainer, metrics)
 
 
 class TheoryOverlay(HistoryCallback):
@@ -212,9 +206,9 @@ class TheoryOverlay(HistoryCallback):
                  d_alpha: float = 0.01, figure: bool = True) -> None:
         super().__init__(every_n_steps)
         self.max_members = check_count("TheoryOverlay", "max_members", max_members, 1)
-        if isinstance(d_alpha, bool) or not (isinstance(d_alpha, (int, float)) and 0 < d_alpha < math.inf):
-            raise ValueError(f"TheoryOverlay: d_alpha = {d_alpha!r}; allowed: a positive number (the ODE's Euler "
-                             "step in alpha: 0.01 at eta ~ 1, about 0.01 / eta for smaller eta)")
+        check("TheoryOverlay", "d_alpha", d_alpha, not isinstance(d_alpha, bool) and isinstance(d_alpha, (int, float))
+              and 0 < d_alpha < math.inf,
+              "a positive number (the ODE's Euler step in alpha: 0.01 at eta ~ 1, about 0.01 / eta for smaller eta)")
         self.mc, self.d_alpha, self.figure = bool(mc), float(d_alpha), bool(figure)
         self.trajectory = None  # zoo.theory.meanfield.MeanFieldTrajectory
 
@@ -222,7 +216,7 @@ class TheoryOverlay(HistoryCallback):
         from zoo.theory.meanfield import ACTIVATIONS, ode_caveats
 
         self.need(pl_module, "mean_field", "task_errors")
-        dm = _teacher_data(trainer, "TheoryOverlay", "teacher_heads", "switch_steps", "num_steps",
+        dm = teacher_data(trainer, "TheoryOverlay", "teacher_heads", "switch_steps", "num_steps",
                            *(("test_set",) if self.mc else ()))
         if pl_module.activation_name not in ACTIVATIONS:
             raise ValueError(f"TheoryOverlay: the student's activation is {pl_module.activation_name!r}, for which there is "
@@ -230,8 +224,7 @@ class TheoryOverlay(HistoryCallback):
         for why in ode_caveats(pl_module.activation_name, pl_module.eta, dm, getattr(pl_module, "ewc", None) is not None):
             rank_zero_warn(f"TheoryOverlay: the mean-field ODE does not describe this run: {why}")
         labels = shown_members(self, pl_module.labels, self.max_members, "max_members", "overlays the theory on")
-        overlay_charts(trainer, "error: simulation vs mean-field ODE",
-                       {lbl: f"error/{re.escape(lbl)}/task\\d+/(simulation|order_params|ode)$" for lbl in labels})
+        member_charts(trainer, "error: simulation vs mean-field ODE", labels, "error/{}/task\\d+/(simulation|order_params|ode)$")
         overlay_charts(trainer, "error: relative deviation from the ODE", {"all members": "error/.*/rel_deviation$"})
 
     def on_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -260,10 +253,8 @@ class TheoryOverlay(HistoryCallback):
                 metrics |= {f"{key}/order_params": op[e, t], f"{key}/ode": ode[e, t], f"{key}/rel_deviation": dev[e, t]}
                 if sim is not None:
                     metrics[f"{key}/simulation"] = sim[e, t]
-        self.log_scalars(trainer, metrics)
-        for key, value in (("steps", g), ("order_params", op), ("ode", ode), ("simulation", sim)):
-            if value is not None:
-                self.history[key].append(value)
+        log_scalars(trainer, metrics)
+        self.append(steps=g, order_params=op, ode=ode, **({} if sim is None else {"simulation": sim}))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         h, tr = self.history, self.trajectory

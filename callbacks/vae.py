@@ -14,10 +14,10 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
-from callbacks.base import PeriodicCallback, check_count, log_figure, log_matrix, log_scalars, warn_once, write_table
+from callbacks.base import (AtTrainEnd, PeriodicCallback, check, check_count, log_figure, log_matrix, log_scalars, warn_once,
+                            write_table)
 from zoo.analysis.sweeps import group_means
 from zoo.metrics.dci import DCIMetric, DCISetting, setting_with, update_on_grid
-from zoo.training.distributed import all_members
 from zoo.utils.extras import require
 from zoo.plots.vae import SWEEP_METRICS, sweep_figure, traversal_figure
 from zoo.models.vae import vae_members
@@ -37,7 +37,7 @@ def _sampler(trainer: pl.Trainer, owner: str):
     return trainer.datamodule.sample
 
 
-class DCI(PeriodicCallback):
+class DCI(PeriodicCallback, AtTrainEnd):
     """DCI of the posterior means ([S] App. D, docs/theory.md#dci) every ``every_n_steps`` and at the end.
 
     Logs ``dci/<DCI_KEYS>`` and the importance matrix ``R[code, factor]`` (figure ``dci/importance``);
@@ -58,8 +58,7 @@ class DCI(PeriodicCallback):
                  n_train: int | None = None, n_test: int | None = None, n_estimators: int | None = None,
                  random_state: int = 0, n_jobs: int = 1, at_start: bool = False) -> None:
         super().__init__(every_n_steps)
-        if n_jobs == 0:
-            raise ValueError("DCI: n_jobs = 0; allowed: a positive number of processes, or -1 for all cores")
+        check("DCI", "n_jobs", n_jobs, n_jobs != 0, "a positive number of processes, or -1 for all cores")
         require("sklearn", "dci", "callbacks.vae.DCI (gradient-boosted classifiers)")  # before the data is made
         self.setting = setting_with(setting, n_train, n_test, n_estimators, who="DCI")
         self.final = None if final is None else setting_with(final, n_train, n_test, n_estimators, who="DCI final")
@@ -84,7 +83,7 @@ class DCI(PeriodicCallback):
         return out
 
     def _log(self, trainer: pl.Trainer, prefix: str, results: dict[str, dict]) -> None:
-        self.log_scalars(trainer, {_tag(f"{prefix}/{k}", label): r[k] for label, r in results.items() for k in DCI_KEYS})
+        log_scalars(trainer, {_tag(f"{prefix}/{k}", label): r[k] for label, r in results.items() for k in DCI_KEYS})
         for label, r in results.items():
             log_matrix(trainer, _tag(f"{prefix}/importance", label), r["importance"], symmetric=False,
                        title=f"importance R[code, factor] {label}".strip())
@@ -101,15 +100,14 @@ class DCI(PeriodicCallback):
             self._final_cache = (trainer.global_step, self.scores(trainer, pl_module, self.final))
         return self._final_cache[1]
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # member-parallel: every rank gathers the members (a collective), rank 0 scores them
-        with all_members(pl_module):
-            if trainer.is_global_zero and self.final is not None:
-                self._log(trainer, "dci_final", self.final_scores(trainer, pl_module))
+    def publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.final is not None:
+            self._log(trainer, "dci_final", self.final_scores(trainer, pl_module))
 
 
 class _ImageCallback(PeriodicCallback):
-    """Periodic image grids (``make_grid``) of the selected VAEs on fixed points drawn once from ``seed``."""
+    """Periodic image grids (``make_grid``) of the selected VAEs on fixed points drawn once from ``seed``: a
+    subclass's ``grids`` yields ``(label, images)`` of each."""
 
     def __init__(self, every_n_steps: int, members: list[dict[str, float]] | None, seed: int) -> None:
         super().__init__(every_n_steps)
@@ -125,10 +123,6 @@ class _ImageCallback(PeriodicCallback):
         _sampler(trainer, type(self).__name__)
         vae_members(pl_module, self.members)  # unknown members fail before training
 
-    def grids(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
-        """``(label, images)`` of every selected VAE (see the subclasses)."""
-        raise NotImplementedError
-
     def on_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs) -> None:
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not tb:
@@ -140,7 +134,7 @@ class _ImageCallback(PeriodicCallback):
                 lg.experiment.add_image(_tag(self.tag, label), grid, trainer.global_step)
 
 
-class LatentTraversals(_ImageCallback):
+class LatentTraversals(_ImageCallback, AtTrainEnd):
     """[S] Fig. 4c (``BetaVAE.traversal`` of a fixed image): the image ``traversals[/<label>]``; at the
     end the labelled figure (``zoo.plots.vae``), also written as ``traversals_<label>.png``.
 
@@ -159,8 +153,7 @@ class LatentTraversals(_ImageCallback):
                  members: list[dict[str, float]] | None = None, seed: int = 0, png: bool = True) -> None:
         super().__init__(every_n_steps, members, seed)
         steps = check_count("LatentTraversals", "steps", steps, minimum=2)
-        if len(span) != 2 or not span[0] < span[1]:
-            raise ValueError(f"LatentTraversals: span = {span}; allowed: [lo, hi] with lo < hi")
+        check("LatentTraversals", "span", span, len(span) == 2 and span[0] < span[1], "[lo, hi] with lo < hi")
         self.values, self.png = torch.linspace(float(span[0]), float(span[1]), int(steps)), png
 
     def traversals(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
@@ -173,13 +166,8 @@ class LatentTraversals(_ImageCallback):
         for label, images, _, _ in self.traversals(trainer, pl_module):
             yield label, make_grid(images.cpu(), nrow=len(self.values), padding=1, pad_value=1.0)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        with all_members(pl_module):  # a collective when member-parallel: every rank, then rank 0 draws
-            if self.png and trainer.is_global_zero:
-                self._figures(trainer, pl_module)
-
-    def _figures(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for label, images, order, kl in self.traversals(trainer, pl_module):
+    def publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for label, images, order, kl in self.traversals(trainer, pl_module) if self.png else ():
             title = f"latent traversals {label} (step {trainer.global_step})".replace("  ", " ")
             name = f"traversals_{label.replace(',', '_').replace('=', '')}.png" if label else "traversals.png"
             log_figure(trainer, _tag("traversals_figure", label),
@@ -212,7 +200,7 @@ class Reconstructions(_ImageCallback):
             yield label, make_grid(torch.cat([x, x_hat]), nrow=self.n_images, padding=1, pad_value=1.0)
 
 
-class SweepFigure(pl.Callback):
+class SweepFigure(AtTrainEnd):
     """[S] Fig. 4a-b at the end of training: DCI (the final setting of the run's :class:`DCI`) and
     the reconstruction loss (``BetaVAE.evaluate`` on ``n_points`` grid points drawn with ``seed``)
     of every member of a ``BetaVAESweep`` against the swept parameter: the figure ``<name>``
@@ -245,12 +233,7 @@ class SweepFigure(pl.Callback):
             raise TypeError(f"SweepFigure needs a zoo.models.vae.BetaVAESweep whose members differ in {self.param!r}; "
                             f"got {type(pl_module).__name__}")
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        with all_members(pl_module):  # a collective when member-parallel: every rank, then rank 0 writes
-            if trainer.is_global_zero:
-                self._write(trainer, pl_module)
-
-    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         scores = self._dci_callback(trainer).final_scores(trainer, pl_module)
         x, _ = _sampler(trainer, "SweepFigure")(self.n_points, torch.Generator().manual_seed(self.seed))
         self.results = []
