@@ -81,20 +81,11 @@ def recipe_phase_1(path: Path) -> Path | None:
 
 
 def quiet_trainer(tmp_path, callbacks, logger: bool = True, existing: tuple[str, ...] = ()):
-    """A one-epoch CPU Trainer logging to ``tmp_path/tb/version_0``; ``existing`` files are put
-    in that folder first (a user's files that callbacks must not overwrite)."""
-    import lightning.pytorch as pl
-    from lightning.pytorch.loggers import TensorBoardLogger
+    """A one-epoch ``helpers_fit.trainer`` logging to ``tmp_path/tb/version_0`` (kept for the files that
+    still call it by this name)."""
+    from helpers_fit import trainer
 
-    lg = TensorBoardLogger(tmp_path, name="tb", version=0) if logger else False
-    if logger:
-        folder = tmp_path / "tb" / "version_0"
-        folder.mkdir(parents=True)
-        for name in existing:
-            (folder / name).write_bytes(b"a user's file")
-    return pl.Trainer(max_epochs=1, logger=lg, callbacks=callbacks, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                      default_root_dir=tmp_path)
+    return trainer(tmp_path, logger=logger, callbacks=callbacks, existing=existing)
 
 
 def selected(request, name: str) -> bool:

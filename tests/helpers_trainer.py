@@ -1,11 +1,10 @@
-"""A quiet one-CPU Trainer for in-process module tests (no logger, checkpoints, bar or summary)."""
+"""A quiet one-CPU Trainer for in-process module tests: ``helpers_fit.trainer``, one epoch unless told."""
 from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from helpers_fit import trainer as _trainer
+
 
 def trainer(**kw) -> pl.Trainer:
-    opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, accelerator="cpu", devices=1)
-    opts.update(kw)
-    return pl.Trainer(**opts)
+    return _trainer(max_epochs=kw.pop("max_epochs", 1), **kw)

@@ -40,10 +40,7 @@ class TinySquares(pl.LightningDataModule):
 
 
 def short_trainer(tmp_path, steps: int, callbacks=()) -> pl.Trainer:
-    """A quiet CPU Trainer (TensorBoard in ``tmp_path/tb/version_0``) stopped after ``steps`` steps."""
-    from lightning.pytorch.loggers import TensorBoardLogger
+    """``helpers_fit.trainer`` (TensorBoard in ``tmp_path/tb/version_0``) stopped after ``steps`` steps."""
+    from helpers_fit import trainer
 
-    (tmp_path / "tb" / "version_0").mkdir(parents=True)
-    return pl.Trainer(max_steps=steps, logger=TensorBoardLogger(tmp_path, name="tb", version=0),
-                      callbacks=list(callbacks), enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    return trainer(tmp_path, logger=True, callbacks=callbacks, max_steps=steps)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
+from helpers_fit import fit
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks import Balance, NetworkMap, SingularValues
@@ -18,12 +18,8 @@ from zoo.init import LambdaBalanced
 def _fit(tmp_path, callbacks, steps=40, steps_per_batch=1, aligned=True, logger=True):
     net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=[-2.0, 2.0], scale=0.01), lr=0.05,
                         task_aligned=aligned, steps_per_batch=steps_per_batch)
-    lg = TensorBoardLogger(tmp_path, name="tb") if logger else False
-    trainer = pl.Trainer(max_steps=steps, logger=lg, callbacks=callbacks, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
-                         accelerator="cpu", default_root_dir=tmp_path)
-    trainer.fit(net, datamodule=SemanticHierarchy(batches_per_epoch=10))
-    return trainer, net
+    return fit(net, SemanticHierarchy(batches_per_epoch=10), tmp_path, logger=logger, callbacks=callbacks,
+               max_steps=steps, log_every_n_steps=1), net
 
 
 def _events(trainer):
@@ -106,7 +102,5 @@ def test_callbacks_refuse_a_module_without_what_they_read(tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    trainer = pl.Trainer(max_steps=2, logger=False, callbacks=[SingularValues()], enable_progress_bar=False,
-                         enable_checkpointing=False, enable_model_summary=False)
     with pytest.raises(TypeError, match=r"SingularValues needs a module with mode_strengths\(\); Plain has none"):
-        trainer.fit(Plain(), datamodule=SemanticHierarchy())
+        fit(Plain(), SemanticHierarchy(), callbacks=[SingularValues()], max_steps=2)

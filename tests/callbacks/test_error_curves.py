@@ -1,10 +1,9 @@
 """ErrorCurves: logs every task's error per member, draws the grouped figure, rejects bad keys."""
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
+from helpers_fit import fit as fit_quietly
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks.error_curves import ErrorCurves
@@ -17,10 +16,7 @@ from zoo.init import Polar
 def fit(tmp_path, callback, **net_kw):
     dm = TeacherStudent(d=30, num_steps=1200, switch_step=600, steps_per_batch=200)
     net = MultiHeadStudent(d=30, init_heads=Polar(r=1.0, theta=[0.0, 0.5]), **net_kw)
-    trainer = pl.Trainer(max_epochs=1, logger=TensorBoardLogger(tmp_path), enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", callbacks=[callback])
-    trainer.fit(net, dm)
-    return trainer, net, dm
+    return fit_quietly(net, dm, tmp_path, logger=True, callbacks=[callback]), net, dm
 
 
 def test_logs_the_errors_of_the_order_parameters_and_writes_the_figure(tmp_path):

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from helpers_fit import fit as fit_quietly
 from lightning.pytorch.loggers import Logger
 
 from callbacks.forgetting import Forgetting
@@ -59,11 +60,7 @@ def fit(tmp_path, callbacks, *, d=60, gamma=(0.0, 0.5), theta=(0.0, math.pi / 4)
                         num_steps=steps[1], steps_per_batch=steps_per_batch, num_test=4000, seed=3, **dm_kw)
     net = MultiHeadStudent(d=d, n_tasks=n_tasks, init_heads=Polar(r=1.0, theta=list(theta)),
                            init_later_heads=Polar(r=0.1, theta=math.pi / 2), seed=1)
-    trainer = pl.Trainer(max_epochs=1, logger=logger if logger is not None else False, callbacks=callbacks,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", default_root_dir=tmp_path)
-    trainer.fit(net, dm)
-    return trainer, net, dm
+    return fit_quietly(net, dm, tmp_path, logger=logger or False, callbacks=callbacks), net, dm
 
 
 def erf_error(W: torch.Tensor, h: torch.Tensor, WT: torch.Tensor, hT: torch.Tensor) -> float:
@@ -118,8 +115,7 @@ def test_three_tasks_log_forgetting_of_each_finished_task(tmp_path):
     dm = TeacherStudent(d=40, n_tasks=3, gamma=0.5, seed=0, **dm_steps)
     net = MultiHeadStudent(d=40, n_tasks=3, seed=0)
     cb = Forgetting(every_n_steps=400)
-    pl.Trainer(max_epochs=1, logger=lg, callbacks=[cb], enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(net, dm)
+    fit_quietly(net, dm, tmp_path, logger=lg, callbacks=[cb])
     lbl = net.labels[0]
     assert [s for s, _ in lg.metrics[f"forgetting/{lbl}"]] == [400, 800, 1200]
     assert [s for s, _ in lg.metrics[f"forgetting/task2/{lbl}"]] == [800, 1200]
@@ -184,8 +180,7 @@ def test_grid_mode_draws_one_panel_per_initialisation(tmp_path):
     net = MultiHeadStudent(d=40, init_heads=Polar(r=1.0, theta=[0.0, math.pi / 16]),
                            init_later_heads=Polar(r=1.0, theta=[0.0, math.pi / 8, math.pi / 4]), grid=True)
     cb = Forgetting(every_n_steps=200, grid_rows="theta", grid_cols="theta2")
-    pl.Trainer(max_epochs=1, logger=False, callbacks=[cb], enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(net, dm)
+    fit_quietly(net, dm, tmp_path, callbacks=[cb])
     assert net.ensemble == 2 * 3 * 2 and len(cb.result["profiles"]) == 6
     assert list(cb.result["profiles"])[1] == "theta=0,theta2=0.3927"  # grid: theta2 varies fastest
     assert cb.result["png"].name == "forgetting_grid.png" and cb.result["png"].stat().st_size > 10_000

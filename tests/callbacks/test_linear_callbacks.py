@@ -2,10 +2,10 @@
 the independent computations they claim to be."""
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from helpers_fit import fit
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -18,10 +18,8 @@ from zoo.metrics import kernel_distance, linear_ntk
 
 
 def _fit(tmp_path, net, dm, callbacks, steps, ckpt=None, name="tb"):
-    trainer = pl.Trainer(max_steps=steps, logger=TensorBoardLogger(tmp_path, name=name), callbacks=callbacks,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                         default_root_dir=tmp_path)
-    trainer.fit(net, datamodule=dm, ckpt_path=ckpt)
+    trainer = fit(net, dm, tmp_path, logger=TensorBoardLogger(tmp_path, name=name), callbacks=callbacks, max_steps=steps,
+                  ckpt_path=ckpt, enable_checkpointing=True)
     acc = EventAccumulator(trainer.log_dir, size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     return trainer, acc

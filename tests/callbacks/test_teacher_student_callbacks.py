@@ -7,13 +7,13 @@ import math
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers_fit import fit as fit_quietly
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks.teacher_student import Entropies, OrderParameters, TheoryOverlay, _pair
 from datamodules import RankOne, TeacherStudent
 from zoo import DeepLinearNet, MultiHeadStudent
 from zoo.init import Gaussian, Polar
-from tests.conftest import quiet_trainer
 from zoo.theory.meanfield import integrate
 
 
@@ -28,9 +28,7 @@ def fit(tmp_path, callbacks, *, d=50, num_steps=600, switch_step=300, steps_per_
                         num_steps=num_steps, steps_per_batch=steps_per_batch, num_test=2000, seed=seed)
     net = MultiHeadStudent(d=d, activation=activation, eta=eta, init_w=Gaussian(sigma=1e-3),
                            init_heads=Polar(r=1.0, theta=thetas), seed=seed)
-    trainer = quiet_trainer(tmp_path, callbacks, logger, existing)
-    trainer.fit(net, dm)
-    return trainer, net, dm
+    return fit_quietly(net, dm, tmp_path, logger=logger, callbacks=callbacks, existing=existing), net, dm
 
 
 def events(trainer) -> EventAccumulator:
@@ -255,10 +253,8 @@ class NoTeachers(pl.LightningDataModule):
 
 
 def _refuses(cb, net, dm, match):
-    trainer = pl.Trainer(max_steps=2, logger=False, callbacks=[cb], enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
     with pytest.raises(TypeError, match=match):
-        trainer.fit(net, datamodule=dm)
+        fit_quietly(net, dm, callbacks=[cb], max_steps=2)
 
 
 @pytest.mark.parametrize("make", [OrderParameters, Entropies, TheoryOverlay], ids=lambda c: c.__name__)

@@ -9,6 +9,7 @@ import csv
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers_fit import fit as fit_quietly, trainer as quiet_trainer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -40,10 +41,8 @@ def fit(module: pl.LightningModule, every: int, tmp_path, bar: bool = False) -> 
     progress bar if ``bar``); the CSV rows and the TensorBoard scalars (tag -> [(step, value)])."""
     record = Record()
     loggers = [CSVLogger(tmp_path, name="csv", version=0), TensorBoardLogger(tmp_path, name="tb", version=0)]
-    trainer = pl.Trainer(max_epochs=EPOCHS, logger=loggers, log_every_n_steps=every, callbacks=[record],
-                         enable_checkpointing=False, enable_progress_bar=bar, enable_model_summary=False,
-                         accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=XorMargin(Delta=[0.3, 1.5], batches_per_epoch=BATCHES))
+    fit_quietly(module, XorMargin(Delta=[0.3, 1.5], batches_per_epoch=BATCHES), logger=loggers, callbacks=[record],
+                max_epochs=EPOCHS, log_every_n_steps=every, enable_progress_bar=bar)
     with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     acc = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"scalars": 0})
@@ -151,9 +150,8 @@ def _loss_rows(tmp_path, name: str, own_rows: bool, ckpt: str | None = None) -> 
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(40, 1)), batch_size=4)  # 10 fixed batches an epoch
     saves = ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True, save_on_train_epoch_end=True)
-    trainer = pl.Trainer(max_steps=17, max_epochs=-1, log_every_n_steps=3, logger=CSVLogger(tmp_path, name=name, version=0),
-                         callbacks=[saves] + ([] if ckpt else [_KeepEpochEnd()]), enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = quiet_trainer(logger=CSVLogger(tmp_path, name=name, version=0), callbacks=[saves] + ([] if ckpt else [_KeepEpochEnd()]),
+                            max_steps=17, log_every_n_steps=3, enable_checkpointing=True)
     trainer.fit(_Regression(own_rows), data, data, ckpt_path=ckpt)
     with open(tmp_path / name / "version_0" / "metrics.csv", newline="") as f:
         return [(int(r["step"]), float(r["loss"])) for r in csv.DictReader(f) if r.get("loss")]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
-import lightning.pytorch as pl
 import pytest
 import torch
+from helpers_fit import trainer as quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -63,8 +63,7 @@ def _fit(tmp_path, plugins=None):
     from zoo.init import LambdaBalanced
 
     cb = _SeesIO()
-    trainer = pl.Trainer(callbacks=[cb], logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", default_root_dir=tmp_path, max_steps=6, plugins=plugins)
+    trainer = quiet_trainer(tmp_path, callbacks=[cb], max_steps=6, plugins=plugins, enable_checkpointing=True)
     before = trainer.strategy.checkpoint_io
     trainer.fit(DeepLinearNet(dims=[8, 4, 8], init=LambdaBalanced(lam=0.0, scale=0.1), lr=0.05, steps_per_batch=3),
                 SemanticHierarchy(batches_per_epoch=2))

@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from helpers_ddp import RANK_STATE, assert_one_set, fit_one, rank_states, run_forked
+from helpers_fit import fit
 from resume_harness import REPO, figures, scalars
 
 from tests.helpers_mnist import SHARED_RAW, tiny_mnist
@@ -220,9 +221,7 @@ class _Losses(pl.Callback):
 def _fit_losses(tmp_path, make_model, data, precision: str, steps: int = 3) -> list[float]:
     torch.manual_seed(0)  # the VAE's noise starts from the global generator's state
     record = _Losses()
-    pl.Trainer(max_steps=steps, precision=precision, accelerator="cpu", devices=1, logger=False,
-               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-               callbacks=[record], default_root_dir=tmp_path).fit(make_model(), data)
+    fit(make_model(), data, tmp_path, callbacks=[record], max_steps=steps, precision=precision)
     return record.losses
 
 

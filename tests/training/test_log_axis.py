@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers_fit import fit
 
 from helpers_mnist import tiny_mnist
 
@@ -18,14 +19,10 @@ def _events(folder) -> dict[str, list[tuple[int, float]]]:
 
 
 def _fit(tmp_path, net, dm, callbacks, max_steps=-1):
-    import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger
 
     logger = TensorBoardLogger(tmp_path, name="tb", version=0, default_hp_metric=False)
-    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1 if max_steps > 0 else 1, logger=logger,
-                         callbacks=callbacks, log_every_n_steps=1, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(net, datamodule=dm)
+    trainer = fit(net, dm, tmp_path, logger=logger, callbacks=callbacks, max_steps=max_steps, log_every_n_steps=1)
     return trainer, _events(tmp_path / "tb" / "version_0")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers_fit import fit
 
 from zoo.training.checkpoint import RunCheckpoint
 from zoo.cli.runs import newest_last_checkpoint, resumed_config_name, run_folder_of
@@ -23,17 +24,12 @@ class _Saves(RunCheckpoint):
 
 
 def _fit(tmp_path, cb, **trainer_kw):
-    import lightning.pytorch as pl
-
     from datamodules import SemanticHierarchy
     from zoo import DeepLinearNet
     from zoo.init import LambdaBalanced
 
     net = DeepLinearNet(dims=[8, 8, 8], init=LambdaBalanced(lam=0.0, scale=0.1), lr=0.05, steps_per_batch=3)
-    trainer = pl.Trainer(callbacks=[cb], logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", default_root_dir=tmp_path, **trainer_kw)
-    trainer.fit(net, SemanticHierarchy(batches_per_epoch=7))
-    return trainer
+    return fit(net, SemanticHierarchy(batches_per_epoch=7), tmp_path, callbacks=[cb], enable_checkpointing=True, **trainer_kw)
 
 
 def test_every_tenth_of_the_run_and_at_the_end(tmp_path):
