@@ -15,7 +15,7 @@ from callbacks.entropy_phase import EntropyPhaseDiagram
 from datamodules import RankOne, TeacherStudent
 from zoo import DeepLinearNet, MultiHeadStudent
 from zoo.init import Gaussian, Polar, Xavier
-from tests.conftest import quiet_trainer
+from helpers_fit import trainer as quiet
 from zoo.analysis.init_grid import init_grid, variance_explained
 from zoo.theory.meanfield import integrate
 
@@ -31,9 +31,6 @@ def student(**kw) -> MultiHeadStudent:
     args = dict(d=D, p=2, n_tasks=1, activation="erf", eta=1.0, grid=True, init_w=Gaussian(sigma=SIGMAS),
                 init_heads=Polar(r=RS, theta=THETAS), seed=0)
     return MultiHeadStudent(**(args | kw))
-
-
-trainer_for = quiet_trainer
 
 
 def data(activation="erf", num_steps=1000) -> TeacherStudent:
@@ -86,7 +83,7 @@ def test_grid_order_is_read_from_the_members_not_assumed():
 @pytest.mark.slow
 def test_fit_gives_eq10_of_the_simulation_and_of_a_separate_ode_call(tmp_path):
     cb = EntropyPhaseDiagram(every_n_steps=500)
-    trainer = trainer_for(tmp_path, [cb], existing=("entropy_phase.png",))
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb], existing=("entropy_phase.png",))
     net, dm = student(), data()
     trainer.fit(net, dm)
     r, grid = cb.result, cb.grid
@@ -157,7 +154,7 @@ def test_variance_explained_of_grids_with_known_structure():
     (lambda: student(seed=[0, 1]), "share the cell"),  # a seed axis doubles every cell
 ])
 def test_a_module_that_is_not_a_sigma_r_theta_grid_is_refused_before_training(tmp_path, make, match):
-    trainer = trainer_for(tmp_path, [EntropyPhaseDiagram()], logger=False)
+    trainer = quiet(tmp_path, callbacks=[EntropyPhaseDiagram()], logger=False)
     net = make()
     with pytest.raises(ValueError, match=match):
         trainer.fit(net, data())
@@ -165,10 +162,10 @@ def test_a_module_that_is_not_a_sigma_r_theta_grid_is_refused_before_training(tm
 
 
 def test_other_modules_and_sigmoid_with_ode_are_refused(tmp_path):
-    trainer = trainer_for(tmp_path, [EntropyPhaseDiagram()], logger=False)
+    trainer = quiet(tmp_path, callbacks=[EntropyPhaseDiagram()], logger=False)
     with pytest.raises(TypeError, match="EntropyPhaseDiagram needs"):
         trainer.fit(DeepLinearNet(dims=[1, 2, 1]), RankOne(n_in=1, n_out=1))
-    trainer = trainer_for(tmp_path, [EntropyPhaseDiagram()], logger=False)
+    trainer = quiet(tmp_path, callbacks=[EntropyPhaseDiagram()], logger=False)
     with pytest.raises(ValueError, match="ode: false"):
         trainer.fit(student(activation="sigmoid"), data(activation="sigmoid"))
     assert trainer.global_step == 0

@@ -7,7 +7,7 @@ import torch
 
 from callbacks.reln import ActivationPatterns, HiddenMDS
 from datamodules.contexts import Contexts
-from tests.conftest import quiet_trainer
+from helpers_fit import trainer as quiet
 from zoo.models import reln
 from zoo.models.gdln import Comparison, GDLN, ReLUNet
 from zoo.init import Gaussian
@@ -27,7 +27,7 @@ def test_activation_patterns_records_and_clusters(tmp_path):
     dm = Contexts(3, "same", batches_per_epoch=6)  # 6 steps x 500 epochs
     model = ReLUNet(hidden=[40], ensemble=2, init=Gaussian(sigma=7.142857e-06), lr=1e-3, epochs_per_step=500)
     cb = ActivationPatterns(every_n_epochs=1000, ks=[1, 2, 3, 4], n_init=2)
-    trainer = quiet_trainer(tmp_path, [cb], existing=("reln_gates.png",))
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb], existing=("reln_gates.png",))
     trainer.fit(model, datamodule=dm)
     assert cb.result["epochs"] == cb.history["epochs"] == [0, 1000, 2000, 3000]  # epoch 0 and every 1000
     # the recorded rows are the module's own patterns at the end (2 members x 40 units), the outputs its outputs
@@ -51,7 +51,7 @@ def test_activation_patterns_records_and_clusters(tmp_path):
 def test_activation_patterns_needs_a_relu_net(tmp_path):
     dm = Contexts(3, "same")
     with pytest.raises(TypeError, match="ReLUNet"):
-        quiet_trainer(tmp_path, [ActivationPatterns()]).fit(GDLN(epochs_per_step=5), datamodule=dm)
+        quiet(tmp_path, logger=True, callbacks=[ActivationPatterns()]).fit(GDLN(epochs_per_step=5), datamodule=dm)
     with pytest.raises(ValueError, match="ks"):
         ActivationPatterns(ks=[0, 2])
 
@@ -64,7 +64,7 @@ def test_hidden_mds_of_a_two_unit_layer_is_exact(tmp_path):
     gdln = GDLN(gating="reln", n_hidden=5, ensemble=1, init=Gaussian(sigma=0.1))
     model = Comparison([relu, gdln], names=["ReLU", "ReLN"], epochs_per_step=10)
     cb = HiddenMDS(every_n_steps=10, model="ReLU")  # epochs
-    trainer = quiet_trainer(tmp_path, [cb], existing=("hidden_mds.png",))
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb], existing=("hidden_mds.png",))
     trainer.fit(model, datamodule=dm)
     assert [e for e, _ in cb.records] == [0, 10, 20, 30]
     D = reln.pairwise_distances(relu.hidden_activity(dm.X)[-1])[0]

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.sparsity import Sparsity
-from tests.conftest import quiet_trainer
+from helpers_fit import trainer as quiet
 from zoo.init import Imbalance
 from zoo.metrics.sparsity import sparsity
 from zoo.models.sae import SparseAutoencoder
@@ -71,7 +71,7 @@ def test_callback_logs_every_member_histograms_and_the_figure(tmp_path):
     x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
     net = _net()
     cb = Sparsity(every_n_steps=2, window=32)
-    trainer = quiet_trainer(tmp_path, [cb], existing=("sparsity_vs_v.png",))
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb], existing=("sparsity_vs_v.png",))
     trainer.fit(net, Vectors(x))  # 4 steps: measured at 0, 2, 4 and at the end (step 4 again)
     acc = EventAccumulator(trainer.log_dir, size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
@@ -97,7 +97,7 @@ def test_a_dropped_member_is_no_longer_logged(tmp_path):
     net = SparseAutoencoder(d=4, n=8, lr=0.01, seed=3, init=Imbalance(v=[1.0, 300.0, 2.0], sigma=0.3),
                             on_divergence="drop")
     cb = Sparsity(every_n_steps=2, window=32)
-    trainer = quiet_trainer(tmp_path, [cb])
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb])
     with pytest.warns(RuntimeWarning, match="v=300 diverged"):
         trainer.fit(net, Vectors(x, batch_size=4))  # 16 steps; v = 300 diverges within the first 5
     acc = EventAccumulator(trainer.log_dir, size_guidance={"scalars": 0})
@@ -124,5 +124,5 @@ def test_a_datamodule_without_samples_fails_before_training(tmp_path):
     before = net.W_enc.detach().clone()
     loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8)
     with pytest.raises(TypeError, match=r"needs a datamodule with samples\(n\)"):
-        quiet_trainer(tmp_path, [Sparsity()]).fit(net, loader)
+        quiet(tmp_path, logger=True, callbacks=[Sparsity()]).fit(net, loader)
     assert torch.equal(net.W_enc.detach(), before)  # no step was taken

@@ -13,7 +13,7 @@ import torch
 
 from callbacks.forgetting import Forgetting
 from datamodules.mnist import MNISTContinual
-from tests.conftest import quiet_trainer
+from helpers_fit import trainer as quiet
 from zoo.models.classifier import MultiHeadClassifier
 from zoo.init import EntropyMix, Gaussian
 
@@ -40,7 +40,7 @@ def _run(tmp_path, existing=()):
                               seed=[0, 1])
     cb = Forgetting(every_n_steps=4, unit="steps", tol=0.005)
     snap = Snapshot(switch=6)
-    trainer = quiet_trainer(tmp_path, [cb, snap], existing=existing)
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb, snap], existing=existing)
     trainer.fit(net, dm)
     return trainer, net, dm, cb, snap
 
@@ -73,12 +73,12 @@ def test_refuses_a_module_or_datamodule_it_cannot_read(tmp_path):
     from zoo import DeepLinearNet
 
     with pytest.raises(TypeError, match=r"Forgetting needs a module with task_errors\(\)"):
-        quiet_trainer(tmp_path, [Forgetting()], logger=False).fit(DeepLinearNet(dims=[2, 2, 2]), RankOne(n_in=2, n_out=2))
+        quiet(tmp_path, callbacks=[Forgetting()], logger=False).fit(DeepLinearNet(dims=[2, 2, 2]), RankOne(n_in=2, n_out=2))
     root = tiny_mnist(tmp_path / "data")
     dm = MNISTContinual(data_dir=str(root), shared=0, batch_size=10, steps=[2, 2])
     net = MultiHeadClassifier(hidden=4)
     with pytest.raises(ValueError, match="source = 'theory' has no closed form for activation 'sigmoid'"):
-        quiet_trainer(tmp_path, [Forgetting(source="theory")], logger=False).fit(net, dm)
+        quiet(tmp_path, callbacks=[Forgetting(source="theory")], logger=False).fit(net, dm)
 
 
 def test_per_draw_profiles_paired_differences_and_member_table(tmp_path):
@@ -88,7 +88,7 @@ def test_per_draw_profiles_paired_differences_and_member_table(tmp_path):
     net = MultiHeadClassifier(hidden=8, lr=2.0, init_w=Gaussian(sigma=1.0), seed=[0, 1, 2])
     cb = Forgetting(every_n_steps=4, unit="steps", table=True, tol=0.005)
     lg = pl.loggers.CSVLogger(tmp_path, name="csv")
-    trainer = quiet_trainer(tmp_path, [cb])
+    trainer = quiet(tmp_path, logger=True, callbacks=[cb])
     trainer.loggers = [*trainer.loggers, lg]
     trainer.fit(net, dm)
     # members e = seed * 4 + set, sets ordered draw by draw: (k=0, d=0), (k=2, d=0), (k=0, d=1), (k=2, d=1)

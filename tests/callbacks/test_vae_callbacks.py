@@ -12,7 +12,8 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks.vae import DCI, LatentTraversals, Reconstructions, SweepFigure
-from tests.helpers_vae import TinySquares, short_trainer
+from helpers_fit import trainer as quiet
+from tests.helpers_vae import TinySquares
 from zoo.init import Gain
 from zoo.metrics.dci import dci
 from zoo.models.vae import BetaVAE, BetaVAESweep, bernoulli_reconstruction
@@ -56,7 +57,7 @@ class OracleVAE(BetaVAE):
 def test_dci_fires_when_due_and_equals_a_direct_computation(tmp_path):
     vae, dm = BetaVAE(**SMALL), TinySquares()
     cb = DCI(every_n_steps=2, setting="fast", final="fast", **TINY_DCI)
-    trainer = short_trainer(tmp_path, 5, [cb])
+    trainer = quiet(tmp_path, logger=True, max_steps=5, callbacks=[cb])
     trainer.fit(vae, datamodule=dm)
     acc = events(trainer)
     assert [e.step for e in acc.Scalars("dci/disentanglement")] == [2, 4]  # not at start, every 2 steps
@@ -76,7 +77,7 @@ def test_dci_of_a_perfect_code_is_one(tmp_path):
     # codes equal to the factors: each code predicts one factor only, so D = C = 1 (up to the
     # trees' tiny importances on irrelevant codes) and every factor is predicted exactly
     vae = OracleVAE(**SMALL)
-    trainer = short_trainer(tmp_path, 1, [DCI(every_n_steps=100, final="fast", **TINY_DCI)])
+    trainer = quiet(tmp_path, logger=True, max_steps=1, callbacks=[DCI(every_n_steps=100, final="fast", **TINY_DCI)])
     trainer.fit(vae, datamodule=TinySquares())
     acc = events(trainer)
     assert acc.Scalars("dci_final/disentanglement")[-1].value > 0.99
@@ -97,7 +98,7 @@ def test_dci_rejects_bad_arguments():
 def test_latent_traversals_decode_one_latent_at_a_time(tmp_path):
     vae, dm = BetaVAE(**SMALL), TinySquares()
     cb = LatentTraversals(every_n_steps=3, steps=5, span=[-2.0, 2.0], seed=0)
-    trainer = short_trainer(tmp_path, 3, [cb])
+    trainer = quiet(tmp_path, logger=True, max_steps=3, callbacks=[cb])
     (tmp_path / "tb" / "version_0" / "traversals.png").write_bytes(b"a user's file")
     trainer.fit(vae, datamodule=dm)
     acc = events(trainer)
@@ -122,7 +123,7 @@ def test_latent_traversals_decode_one_latent_at_a_time(tmp_path):
 
 def test_reconstructions_show_inputs_above_outputs(tmp_path):
     vae, dm = BetaVAE(**SMALL), TinySquares()
-    trainer = short_trainer(tmp_path, 2, [Reconstructions(every_n_steps=2, n_images=4, seed=5)])
+    trainer = quiet(tmp_path, logger=True, max_steps=2, callbacks=[Reconstructions(every_n_steps=2, n_images=4, seed=5)])
     trainer.fit(vae, datamodule=dm)
     acc = events(trainer)
     assert [e.step for e in acc.Images("reconstructions")] == [0, 2]
@@ -139,7 +140,7 @@ def test_sweep_figure_writes_png_and_table_from_the_dci_callback(tmp_path):
     dm = TinySquares()
     dci_cb = DCI(every_n_steps=100, final="fast", **TINY_DCI)
     fig = SweepFigure(n_points=64, seed=3)
-    trainer = short_trainer(tmp_path, 3, [dci_cb, fig,
+    trainer = quiet(tmp_path, logger=True, max_steps=3, callbacks=[dci_cb, fig,
                                           LatentTraversals(every_n_steps=100, members=[{"g": 0.5, "seed": 0}])])
     trainer.fit(sweep, datamodule=dm)
     folder = tmp_path / "tb" / "version_0"
@@ -161,12 +162,12 @@ def test_sweep_figure_writes_png_and_table_from_the_dci_callback(tmp_path):
 
 
 def test_sweep_figure_needs_a_dci_callback_and_a_sweep(tmp_path):
-    trainer = short_trainer(tmp_path / "a", 1, [SweepFigure()])
+    trainer = quiet(tmp_path / "a", logger=True, max_steps=1, callbacks=[SweepFigure()])
     with pytest.raises(TypeError, match="DCI"):
         trainer.fit(BetaVAESweep(init_encoder=Gain(g=[1.0, 2.0]), seeds=[0], **SMALL), datamodule=TinySquares())
-    trainer = short_trainer(tmp_path / "b", 1, [DCI(final="fast", **TINY_DCI), SweepFigure()])
+    trainer = quiet(tmp_path / "b", logger=True, max_steps=1, callbacks=[DCI(final="fast", **TINY_DCI), SweepFigure()])
     with pytest.raises(TypeError, match="BetaVAESweep"):
         trainer.fit(BetaVAE(**SMALL), datamodule=TinySquares())
-    trainer = short_trainer(tmp_path / "c", 1, [LatentTraversals(members=[{"g": 9, "seed": 0}])])
+    trainer = quiet(tmp_path / "c", logger=True, max_steps=1, callbacks=[LatentTraversals(members=[{"g": 9, "seed": 0}])])
     with pytest.raises(ValueError, match="no member has .*'g': 9"):
         trainer.fit(BetaVAESweep(init_encoder=Gain(g=[1.0, 2.0]), seeds=[0], **SMALL), datamodule=TinySquares())

@@ -7,7 +7,7 @@ import torch
 
 from datamodules.latents import Latents
 from datamodules.mnist_images import MNISTImages
-from tests.conftest import quiet_trainer
+from helpers_fit import trainer as quiet
 from tests.helpers_mnist import TEST_PER_DIGIT, TRAIN_PER_DIGIT, tiny_mnist, trace
 from zoo.init import Gaussian, Imbalance
 from zoo.models.sae import SparseAutoencoder
@@ -78,7 +78,7 @@ def test_held_out_data_is_the_other_split_in_file_order(tiny):
 
 def test_latents_from_a_checkpoint_equal_those_of_the_saved_model(tiny, tmp_path):
     vae = _vae(seed=1)
-    trainer = quiet_trainer(tmp_path, [], logger=False)
+    trainer = quiet(tmp_path, callbacks=[], logger=False)
     trainer.fit(vae, MNISTImages(data_dir=str(tiny), batch_size=30))  # 2 Adam steps: weights != init
     path = tmp_path / "vae.ckpt"
     trainer.save_checkpoint(path)
