@@ -223,16 +223,13 @@ def test_explicit_task_digits(tiny):
 
 def test_trains_a_multi_head_classifier_with_ewc(tiny):
     # the batch format is what zoo.MultiHeadClassifier consumes, one member per data set
-    import lightning.pytorch as pl
-
+    from helpers_fit import fit
     from zoo.models.classifier import MultiHeadClassifier
     from zoo.training.ewc import EWC
 
     dm = MNISTContinual(str(tiny), shared=[0, 5], batch_size=8, steps=[5, 5], seed=0)
     net = MultiHeadClassifier(hidden=16, n_classes=5, ewc=EWC(xi=1.0, samples=20))
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu")
-    trainer.fit(net, datamodule=dm)
+    trainer = fit(net, dm)
     assert trainer.global_step == 10 and net.ensemble == 2 and int(net.task) == 1
     assert float(net.ewc.fisher("W").abs().sum()) > 0  # consolidated at the switch from fisher_data
     assert net.labels == ["k=0", "k=5"]

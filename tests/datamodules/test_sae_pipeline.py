@@ -125,12 +125,8 @@ def test_sae_trains_on_the_codes_and_reconstructs_them(tiny, tmp_path):
     # must reconstruct its inputs far better than their mean (explained variance from 0 to > 0.9).
     dm = Latents(vae=_vae(), data_dir=str(tiny), batch_size=10, centre=True)
     net = SparseAutoencoder(d=3, n=32, l1=[0.0, 0.0], init=Imbalance(v=[1.0, 4.0], sigma=0.3), lr=0.2)
-    import lightning.pytorch as pl
-
     # 360 SGD steps on 60 codes, ~1 s; no validation (tested below)
-    trainer = pl.Trainer(max_epochs=60, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                         default_root_dir=tmp_path)
+    trainer = quiet(tmp_path, max_epochs=60, limit_val_batches=0)
     from zoo.metrics.sparsity import sparsity
 
     trainer.fit(net, dm)

@@ -7,6 +7,7 @@ import math
 
 import h5py
 import lightning.pytorch as pl
+from helpers_fit import fit
 import numpy as np
 import pytest
 import torch
@@ -263,9 +264,7 @@ class _Probe(pl.LightningModule):
 def test_trainer_epoch_covers_the_training_grid(shapes_dir):
     dm = DSprites(str(shapes_dir), generate=True, resolution=16, subsample=SUBDS, batch_size=7, val_size=5, seed=3)
     probe = _Probe(dm)
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=0)
-    trainer.fit(probe, dm)
+    fit(probe, dm, num_sanity_val_steps=0)
     seen = torch.cat(probe.seen)
     flat = dm.flat_index(seen)
     # one epoch visits each training point once, and never a validation point
@@ -275,8 +274,7 @@ def test_trainer_epoch_covers_the_training_grid(shapes_dir):
     # without val_size there is no validation loop, and every grid point is trained on
     dm = DSprites(str(shapes_dir), generate=True, resolution=16, subsample=SUBDS, batch_size=7)
     probe = _Probe(dm)
-    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, accelerator="cpu").fit(probe, dm)
+    fit(probe, dm)
     assert not hasattr(probe, "seen_val")
     assert dm.flat_index(torch.cat(probe.seen)).sort().values.tolist() == list(range(dm.num_points))
 

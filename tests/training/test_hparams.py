@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
+from helpers_fit import fit
 
 from zoo.init import Gain, Gaussian, Imbalance, LambdaBalanced, Polar
 
@@ -39,15 +40,12 @@ def test_logged_hyperparameters_are_plain_data_and_match_the_checkpoints(name):
 
 
 def test_a_size_learnt_at_setup_reaches_the_logged_hyperparameters(tmp_path):
-    import lightning.pytorch as pl
-
     from datamodules.teacher_student import TeacherStudent
     from zoo import MultiHeadStudent
 
     dm = TeacherStudent(d=20, gamma=[0.0, 0.5, 1.0], switch_step=2, num_test=100)
     m = MultiHeadStudent(d=20, init_w=Gaussian(sigma=1e-3))
-    pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(m, datamodule=dm)
+    fit(m, dm, tmp_path, max_steps=1)
     assert m.hparams["teacher_sets"] == 3 and m.hparams_initial["teacher_sets"] == 3
     assert torch.is_tensor(m.W) and m.W.shape[0] == 3
 
