@@ -9,7 +9,7 @@ import csv
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers_fit import fit as fit_quietly, trainer as quiet_trainer
+from helpers_fit import fit as fit_quietly, trainer as quiet
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -150,7 +150,7 @@ def _loss_rows(tmp_path, name: str, own_rows: bool, ckpt: str | None = None) -> 
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(40, 1)), batch_size=4)  # 10 fixed batches an epoch
     saves = ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True, save_on_train_epoch_end=True)
-    trainer = quiet_trainer(logger=CSVLogger(tmp_path, name=name, version=0), callbacks=[saves] + ([] if ckpt else [_KeepEpochEnd()]),
+    trainer = quiet(logger=CSVLogger(tmp_path, name=name, version=0), callbacks=[saves] + ([] if ckpt else [_KeepEpochEnd()]),
                             max_steps=17, log_every_n_steps=3, enable_checkpointing=True)
     trainer.fit(_Regression(own_rows), data, data, ckpt_path=ckpt)
     with open(tmp_path / name / "version_0" / "metrics.csv", newline="") as f:

@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from helpers_fit import trainer as quiet_trainer
+from helpers_fit import trainer as quiet
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -63,7 +63,7 @@ def _fit(tmp_path, plugins=None):
     from zoo.init import LambdaBalanced
 
     cb = _SeesIO()
-    trainer = quiet_trainer(tmp_path, callbacks=[cb], max_steps=6, plugins=plugins, enable_checkpointing=True)
+    trainer = quiet(tmp_path, callbacks=[cb], max_steps=6, plugins=plugins, enable_checkpointing=True)
     before = trainer.strategy.checkpoint_io
     trainer.fit(DeepLinearNet(dims=[8, 4, 8], init=LambdaBalanced(lam=0.0, scale=0.1), lr=0.05, steps_per_batch=3),
                 SemanticHierarchy(batches_per_epoch=2))
