@@ -50,6 +50,15 @@ def two_threads():
 
 
 @pytest.fixture
+def tiny(tmp_path):
+    """A tiny MNIST folder in ``tmp_path/mnist`` (``helpers_mnist.tiny_mnist``: every digit a few times,
+    each image traceable by its pixels), for the tests of the MNIST data modules."""
+    from helpers_mnist import tiny_mnist
+
+    return tiny_mnist(tmp_path / "mnist")
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     return tmp_path

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,11 +11,6 @@ import torch
 from datamodules.mnist import MNISTContinual
 
 from tests.helpers_mnist import SHARED_RAW, TEST_PER_DIGIT, TRAIN_PER_DIGIT, idx_bytes, tiny_mnist, trace  # noqa: F401
-
-
-@pytest.fixture
-def tiny(tmp_path) -> Path:
-    return tiny_mnist(tmp_path)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])

@@ -8,17 +8,12 @@ import torch
 from datamodules.latents import Latents
 from datamodules.mnist_images import MNISTImages
 from helpers_fit import trainer as quiet
-from tests.helpers_mnist import TEST_PER_DIGIT, TRAIN_PER_DIGIT, tiny_mnist, trace
+from tests.helpers_mnist import TEST_PER_DIGIT, TRAIN_PER_DIGIT, trace
 from zoo.init import Gaussian, Imbalance
 from zoo.models.sae import SparseAutoencoder
 from zoo.models.vae import BetaVAE
 
 N_TRAIN = 10 * TRAIN_PER_DIGIT
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    return tiny_mnist(tmp_path / "mnist")
 
 
 def _vae(seed: int = 0) -> BetaVAE:
