@@ -71,7 +71,9 @@ def _as_list(value: Scalars) -> list[float]:
 
 
 class InitScheme:
-    """Base class of all schemes. Subclasses set per-member parameters with ``_member``."""
+    """Base class of all schemes. ``params`` is the public mapping of every numeric parameter to its
+    values (one per member, or one shared by all); subclasses set them with ``_member``. Choices
+    that are not numbers (``EntropyMix.base``, ``Kaiming.mode``) are attributes, and in ``spec()``."""
 
     name: ClassVar[str] = ""
 
@@ -440,7 +442,8 @@ class PathwayGrid(InitScheme):
         if a0 is not None and min(_as_list(lam1) + _as_list(lam2)) + a0**2 < 0:
             raise ValueError(f"{self.name}: with a0 = {a0} every lam must be >= -a0^2 (h^2 = lam + a0^2)")
         self.omega0, self.a0 = omega0, a0
-        self._extra.update(omega0=omega0, a0=a0)
+        # the one given (shared by every grid point) is a parameter like the others; the other stays None
+        self.params["omega0" if a0 is None else "a0"] = [float(a0 if omega0 is None else omega0)]
 
     @property
     def grid_shape(self) -> tuple[int, int]:
