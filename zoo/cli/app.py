@@ -58,8 +58,9 @@ def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
     from zoo.cli.checkpoint_checks import check_checkpoint, plain_value
-    from zoo.cli.errors import before_first_batch, yaml_non_finite
-    from zoo.cli.config_checks import check_finite_settings, check_trainer_settings
+    from zoo.cli.errors import before_first_batch
+    from zoo.cli.config_checks import (check_finite_settings, check_model_without_data, check_trainer_settings,
+                                       yaml_non_finite)
     from zoo.training.distributed import register
     from zoo.cli.recipes import CONFIG_HELP, with_bundled_configs
 
@@ -89,7 +90,11 @@ def _cli_class():
             return trainer
 
         def instantiate_classes(self) -> None:
+            # every setting before any data is read: the Trainer's, then the model's (built once
+            # without its data; the CLI builds the datamodule first, and some read files as they do)
+            check_trainer_settings(_section(self.config, "trainer") or {})
             try:
+                check_model_without_data(self.parser, self.config, LINKED)
                 super().instantiate_classes()
                 conflicts = linked_conflicts(_section(self.config, "model"), type(self.model), self.datamodule)
                 if conflicts:
@@ -121,7 +126,6 @@ def _cli_class():
         # the Trainer's, so checks and setup errors come before the first batch (zoo.cli.errors)
         def _checked(self, subcommand: str, **kwargs) -> None:
             with before_first_batch(self.trainer):
-                check_trainer_settings(_section(self.config, "trainer") or {})
                 check_finite_settings(self.config.get(subcommand, self.config).as_dict())
                 check_checkpoint(kwargs.get("ckpt_path"), self.model)
                 from zoo.cli.run_summary import reported_run  # the run's folder, figures, checkpoint at its end
@@ -177,17 +181,8 @@ def linked_conflicts(model_config, model_class: type, datamodule) -> list[str]:
     The link overwrites the model's value, so a recipe from before the links (both values given)
     runs when they agree; when they differ, the user meant something the run would not do. A value
     equal to the argument's default counts as not given (the parser cannot tell them apart)."""
-    import inspect
-
     from zoo.cli.checkpoint_checks import plain_value
-
-    def default(name: str):
-        # the first __init__ up the class hierarchy that names it (a subclass may pass **kwargs on)
-        for cls in model_class.__mro__:
-            param = inspect.signature(cls.__init__).parameters.get(name) if "__init__" in vars(cls) else None
-            if param is not None:
-                return param.default
-        return inspect.Parameter.empty
+    from zoo.cli.config_checks import init_default
 
     init = getattr(model_config, "init_args", None) if model_config is not None else None
     if init is None or datamodule is None:
@@ -198,7 +193,7 @@ def linked_conflicts(model_config, model_class: type, datamodule) -> list[str]:
         if given is None or not hasattr(datamodule, name):
             continue
         data = plain_value(getattr(datamodule, name))
-        if given != data and given != plain_value(default(name)):
+        if given != data and given != plain_value(init_default(model_class, name)):
             out.append(f"model.init_args.{name} = {given!r} but the datamodule's {name} = {data!r}; "
                        f"{name} is given once, to data, and the model takes it: drop model.init_args.{name}")
     return out

@@ -1,33 +1,28 @@
 """Invalid settings as one line on stderr and exit code 2, before training starts.
 
-The zoo's constructors and ``setup`` hooks raise ``ValueError("Class: param = value; allowed:
-...")``. By the time such an error reaches the user, jsonargparse has wrapped it in a union dump
-("Does not validate against any of the Union subtypes ...") and printed a usage block, or Lightning
-has let it end in a traceback. :func:`one_line_errors` (used by ``zoo.cli.main`` only) reports the
-innermost message instead:
+Every setting is checked before the first training batch: jsonargparse checks the types as it
+parses, ``zoo.cli.config_checks`` the Trainer's settings, the modules' constructors and ``setup``
+their own arguments (``ValueError("Class: param = value; allowed: ...")``). :func:`one_line_errors`
+(used by ``zoo.cli.main`` only) reports such an error as one line:
 
-- raised while parsing or building the classes, or during ``fit`` before the first training batch
-  (``prepare_data``/``setup``, checkpoint checks, the Trainer's own checks): one line, exit code 2
-  (argparse's code for a usage error);
-- :class:`~zoo.training.divergence.DivergenceError` (a loss that went NaN during training): one line with
-  the step, the members and the cause, exit code 1 (the run failed; the settings parsed);
-- anything else raised after training started is a bug, not a setting: the normal traceback.
-  Before training, the kinds in :data:`CONFIG_ERRORS` count as settings, and a ``RuntimeError``
-  only when the zoo's own code raised it (a corrupt data file), not torch.
+- the module's (or Lightning's, or the OS's) own message, the first cause that jsonargparse did not
+  raise (jsonargparse wraps a constructor's error in its union dump);
+- a parse error: jsonargparse's parser key as typed (``model.init_args.lr``), the value given and the
+  types its error lists (``trainer.precision = bogus; allowed: 64, 32, ..., '16-mixed', ... or null``);
+- :class:`~zoo.training.divergence.DivergenceError` (the loss went NaN during training): one line
+  with the step, the members and the cause, exit code 1 (the run failed; the settings parsed);
+- anything else, or raised after training started, is a bug: the normal traceback.
 
-Lightning logs "Seed set to 0", "GPU available: ..." and warnings before any error from
-``setup`` can happen; stderr is held back until the first training batch so that the message is
-the first line (what was held back is shown with ``ZOO_TRACEBACK=1``, or once training starts).
-
-``ZOO_TRACEBACK=1`` in the environment shows the full traceback in every case. In-process callers
-(``zoo.cli.build_cli``) get the exceptions themselves.
+Lightning logs "Seed set to 0", "GPU available: ..." before a ``setup`` check can fail, so stderr
+is held back until the first training batch: the message is the first line. ``ZOO_TRACEBACK=1`` shows
+what was held back and the full traceback. In-process callers (``zoo.cli.build_cli``) get the exceptions.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
-import linecache
 import logging
 import os
 import re
@@ -39,84 +34,27 @@ import jsonargparse
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from zoo.cli.config_checks import yaml_non_finite  # noqa: F401  (its old home: zoo.cli.errors)
 from zoo.training.divergence import DivergenceError
 
-CONFIG_ERROR_EXIT = 2
+CONFIG_ERROR_EXIT = 2  # argparse's code for a usage error
 DIVERGENCE_EXIT = 1
 TRACEBACK_ENV = "ZOO_TRACEBACK"
 HINT = f"(set {TRACEBACK_ENV}=1 for the full traceback)"
-
-# what a wrong setting raises; AttributeError, NameError and the like are bugs and keep their traceback
+# what a wrong setting raises; AttributeError, RuntimeError and the like are bugs and keep their traceback
 CONFIG_ERRORS = (ValueError, TypeError, LookupError, OSError, MisconfigurationException, argparse.ArgumentError)
-# a float the YAML loader reads as a string when written the Python way ("nan", "-inf")
-_NON_FINITE = re.compile(r"^([+-]?)(nan|inf|infinity)$", re.IGNORECASE)
-_NON_FINITE_ITEM = re.compile(r"(?<![\w.])([+-]?)(nan|inf|infinity)(?![\w])", re.IGNORECASE)
-_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
-_EXPECTED = re.compile(r"^Expected a <class '([\w.]+)'>\. Got value: (.*)$", re.DOTALL)
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)"')
 _STARTED = "_zoo_training_started"
-# the packages whose RuntimeErrors are messages for the user (zoo, datamodules, callbacks)
-_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), name) + os.sep
-                  for name in ("zoo", "datamodules", "callbacks"))
 _JSONARGPARSE_DIR = os.path.dirname(os.path.abspath(jsonargparse.__file__)) + os.sep
+# how jsonargparse's type names read to a user; other classes read "a <Name>"
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false",
+               "NoneType": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
+_PLURALS = {"int": "integers", "float": "numbers", "str": "strings", "bool": "booleans"}
 
 
 def raising_parser_kwargs(subcommands: tuple[str, ...]) -> dict:
     """LightningCLI ``parser_kwargs`` whose parsers raise instead of printing usage and exiting."""
     return {"exit_on_error": False, **{s: {"exit_on_error": False} for s in subcommands}}
-
-
-def yaml_non_finite(args: list[str]) -> list[str]:
-    """``args`` with ``nan``/``inf``/``-inf`` values spelled as YAML floats (``.nan``, ``-.inf``).
-
-    jsonargparse reads command-line values as YAML, where ``nan`` is a string: without this, the
-    parser rejects it as "a string" before the zoo's own finite check can name the parameter.
-    """
-    def spell(m: re.Match) -> str:
-        return f"{m.group(1)}.{'nan' if m.group(2).lower() == 'nan' else 'inf'}"
-
-    def fix(value: str) -> str:
-        if value.lstrip().startswith(("[", "{")):  # a list or mapping: each element
-            return _NON_FINITE_ITEM.sub(spell, value)
-        m = _NON_FINITE.match(value.strip())
-        return value if m is None else spell(m)
-
-    out: list[str] = []
-    for i, a in enumerate(args):
-        prev = args[i - 1] if i > 0 else ""
-        if a.startswith("--") and "=" in a:
-            key, _, value = a.partition("=")
-            out.append(f"{key}={fix(value)}")
-        elif prev.startswith("--") and "=" not in prev and fix(a) != a:
-            out[-1] = f"{prev}={fix(a)}"  # joined: argparse would take "-inf" for an option
-        else:
-            out.append(a)
-    return out
-
-
-def is_config_error(err: BaseException) -> bool:
-    """Whether ``err``, raised before training, reports a setting: one of :data:`CONFIG_ERRORS`, or
-    a ``RuntimeError`` that the zoo's own code raised (a corrupt data file), not torch's."""
-    if isinstance(err, CONFIG_ERRORS):
-        return True
-    return (isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError) and _raised_in(err, _OWN_DIRS)
-            and _raise_statement(err))
-
-
-def _raise_statement(err: BaseException) -> bool:
-    """Whether ``err`` comes from a ``raise`` in Python code, not from a torch op called there (a C
-    function adds no frame, so its errors seem to come from the line that called it)."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip().startswith(
-        "raise")
-
-
-def _raised_in(err: BaseException, folders: tuple[str, ...]) -> bool:
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(folders)
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -129,50 +67,89 @@ def _chain(err: BaseException) -> list[BaseException]:
 
 
 def _from_jsonargparse(err: BaseException) -> bool:
-    return _raised_in(err, (_JSONARGPARSE_DIR,))
-
-
-def _key_path(chain: list[BaseException]) -> str:
-    """The dotted parameter name (``model.init_args.lr``) from jsonargparse's nested 'Parser key' errors."""
-    keys: list[str] = []
-    for e in chain:
-        first = str(e).lstrip().split("\n", 1)[0]
-        m = _PARSER_KEY.match(first)
-        if m and (not keys or keys[-1] != m.group(1)):
-            if keys and any(s.startswith("Problem with given class_path") for s in str(e).split("\n")[:1]):
-                keys.append("init_args")
-            keys.append(m.group(1))
-        elif first.startswith("Problem with given class_path") and keys:
-            keys.append("init_args")
-    return ".".join(keys)
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return isinstance(err, argparse.ArgumentError) or (
+        tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_JSONARGPARSE_DIR))
 
 
 def _own(chain: list[BaseException]) -> BaseException | None:
     """The first exception in ``chain`` that jsonargparse did not raise (a constructor's, Lightning's)."""
-    return next((e for e in chain if not _from_jsonargparse(e) and not isinstance(e, argparse.ArgumentError)), None)
+    return next((e for e in chain if not _from_jsonargparse(e)), None)
+
+
+def _split(items: str) -> list[str]:
+    """``"a, b[c, d], e"`` -> ``["a", "b[c, d]", "e"]``: a list of type names at its top level."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(items):
+        depth += (ch in "[(") - (ch in "])")
+        if ch == "," and depth == 0:
+            parts.append(items[start:i])
+            start = i + 1
+    return [p.strip() for p in [*parts, items[start:]] if p.strip()]
+
+
+def describe(type_name: str) -> str:
+    """A type as jsonargparse names it (``<class 'float'>``, ``typing.Literal['a', 'b']``,
+    ``list[float]``) in a user's words: ``a number``, ``'a', 'b'``, ``a list of numbers``."""
+    m = re.fullmatch(r"<class '([\w.]+)'>", type_name)
+    if m:
+        name = m.group(1).rsplit(".", 1)[-1]
+        return _TYPE_NAMES.get(name, f"a {name}")
+    head, _, inner = type_name.partition("[")
+    head, inner = head.rsplit(".", 1)[-1], inner[:-1]
+    if head == "Literal":
+        with contextlib.suppress(ValueError, SyntaxError):
+            return ", ".join(repr(v) for v in ast.literal_eval(f"[{inner}]"))
+    if head.lower() in ("list", "tuple", "sequence", "iterable") and inner:
+        item = inner.split(",")[0].strip().rsplit(".", 1)[-1]
+        return f"a list of {_PLURALS.get(item, item)}"
+    if head.lower() in ("dict", "mapping"):
+        return "a mapping"
+    return type_name
+
+
+def _parse_message(chain: list[BaseException]) -> str:
+    """jsonargparse's error as one line: the dotted key (``model.init_args.init.init_args.lam``),
+    the value given and what its type allows (each union subtype, or the one type)."""
+    keys: list[str] = []
+    inner = ""
+    for e in chain:
+        text = str(e).strip()
+        m = _PARSER_KEY.match(text)
+        if m and (not keys or keys[-1] != m.group(1)):
+            keys.append(m.group(1))
+            inner = text
+        elif text.startswith("Problem with given class_path") and keys and keys[-1] != "init_args":
+            keys.append("init_args")
+    key = ".".join(keys)
+    inner = _PARSER_KEY.sub("", inner, count=1).lstrip(":").strip() if inner else str(chain[-1]).strip()
+    given = re.search(r"(?:Given|Got) value: (.*)", inner)
+    subtypes = re.search(r"^\s*Subtypes: \[(.*)\]\s*$", inner, re.MULTILINE)
+    types = _split(subtypes.group(1)) if subtypes else re.findall(r"^Expected a (.+?)\. Got value", inner)
+    if key and given and types:
+        allowed = [describe(t) for t in types]
+        allowed = ", ".join(allowed[:-1]) + " or " + allowed[-1] if len(allowed) > 1 else allowed[0]
+        return f"{key} = {given.group(1).strip()}; allowed: {allowed}"
+    text = " ".join(inner.split())
+    return f"{key}: {text}" if key and not text.startswith(key) else text
 
 
 def message(err: BaseException) -> str:
     """The one-line message for ``err``: the first cause that jsonargparse did not wrap (the zoo's
-    own words), or for a parse error, the parameter, the value and the type expected."""
+    own words), else jsonargparse's parse error with its key (:func:`_parse_message`)."""
     chain = _chain(err)
     own = _own(chain)
-    if own is not None:
-        # the zoo's own message (or Lightning's, or the OS's) already names the setting
-        text = " ".join(str(own).split()) or type(own).__name__
-        return f"{type(own).__name__}: {text}" if isinstance(own, (OSError, KeyError)) and ":" not in text else text
-    inner = chain[-1]
-    text = " ".join(str(inner).split())
-    key = _key_path(chain)
-    m = _EXPECTED.match(str(inner).strip())
-    if key and m:
-        return f"{key} = {m.group(2).strip()}; allowed: a value of type {m.group(1)}"
-    return f"{key}: {text}" if key and not text.startswith(key) else text
+    if own is None:
+        return _parse_message(chain)
+    text = " ".join(str(own).split()) or type(own).__name__
+    return f"{type(own).__name__}: {text}" if isinstance(own, (OSError, KeyError)) and ":" not in text else text
 
 
-class _DeferredStderr:
-    """Holds back what Python writes to stderr (Lightning's "Seed set to 0", "GPU available: ...",
-    warnings) until training starts, so that a configuration error is the first line the user sees."""
+class _HeldStderr:
+    """What Python and the loggers write to stderr (Lightning's "Seed set to 0", "GPU available: ...",
+    warnings), held back until training starts, so that a configuration error is the first line."""
 
     def __init__(self) -> None:
         self.real, self.buffer = sys.stderr, io.StringIO()
@@ -183,58 +160,48 @@ class _DeferredStderr:
         for h in self.handlers:
             h.setStream(self.buffer)
         sys.stderr = self.buffer
-        self.active = True
 
     def release(self, replay: bool = True) -> str:
         """Restore stderr; write what was held back to it when ``replay``. Returns that text."""
-        if not self.active:
-            return ""
-        self.active = False
         if sys.stderr is self.buffer:
             sys.stderr = self.real
         for h in self.handlers:
             if h.stream is self.buffer:
                 h.setStream(self.real)
-        held = self.buffer.getvalue()
+        held, self.buffer = self.buffer.getvalue(), io.StringIO()
         if replay and held:
             self.real.write(held)
             self.real.flush()
         return held
 
 
-_deferred: _DeferredStderr | None = None
-
-
-def _release_stderr() -> None:
-    if _deferred is not None:
-        _deferred.release()
+_held: _HeldStderr | None = None
 
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """Report configuration errors and divergence as one line and exit (see the module docstring)."""
-    global _deferred
-    _deferred = _DeferredStderr()
+    global _held
+    _held = _HeldStderr()
     try:
         yield
     except DivergenceError as err:
         _exit(err, DIVERGENCE_EXIT)
     except Exception as err:
-        if getattr(err, _STARTED, False) or not is_config_error(err):
+        if getattr(err, _STARTED, False) or not isinstance(err, CONFIG_ERRORS):
             raise
         _exit(err, CONFIG_ERROR_EXIT)
     finally:
-        _release_stderr()
-        _deferred = None
+        _held.release()
+        _held = None
 
 
 def _exit(err: BaseException, code: int) -> None:
-    held = _deferred.release(replay=False) if _deferred is not None else ""
+    held = _held.release(replay=False) if _held is not None else ""
     lines = [message(err)]
     if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
         # jsonargparse raises its errors "from None": show the traceback of the zoo's own exception
-        source = _own(_chain(err)) or err
-        lines += [held.rstrip(), "".join(traceback.format_exception(source)).rstrip()]
+        lines += [held.rstrip(), "".join(traceback.format_exception(_own(_chain(err)) or err)).rstrip()]
     else:
         lines.append(HINT)
     sys.stderr.write("\n".join(line for line in lines if line) + "\n")
@@ -248,23 +215,23 @@ class _FirstBatch(Callback):
 
     started = False
 
-    def _start(self) -> None:
-        if not self.started:
+    def _start(self, trainer) -> None:
+        if not self.started and not trainer.sanity_checking:
             self.started = True
-            _release_stderr()
+            if _held is not None:
+                _held.release()
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._start()
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self._start(trainer)
 
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        if not trainer.sanity_checking:
-            self._start()
+    def on_validation_batch_start(self, trainer, *args) -> None:
+        self._start(trainer)
 
-    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        self._start()
+    def on_test_batch_start(self, trainer, *args) -> None:
+        self._start(trainer)
 
-    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        self._start()
+    def on_predict_batch_start(self, trainer, *args) -> None:
+        self._start(trainer)
 
 
 @contextlib.contextmanager
