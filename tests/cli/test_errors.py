@@ -296,3 +296,72 @@ def test_nan_and_inf_on_the_command_line_are_yaml_floats():
 
     assert yaml_non_finite(["fit", "--a=nan", "--b", "-inf", "--c=[0.0,NaN]", "--d=info", "--e", "x"]) == \
         ["fit", "--a=.nan", "--b=-.inf", "--c=[0.0,.nan]", "--d=info", "--e", "x"]
+
+
+def _precisions() -> list:
+    """Lightning's precision values, from the Trainer's public signature (the Literals of its union)."""
+    import inspect
+    import typing
+
+    import lightning.pytorch as pl
+
+    def leaves(t):
+        return [v for a in typing.get_args(t) for v in (leaves(a) if typing.get_origin(a) is not None else [a])]
+
+    hint = inspect.signature(pl.Trainer.__init__).parameters["precision"].annotation
+    return [v for v in leaves(hint) if v is not type(None)]
+
+
+# (recipe, overrides with "{root}" the run's folder, the first line's start, words it must hold too,
+# folders under {root} that must not exist: data not read nor written, no run folder)
+AS_A_USER = [
+    (QS, ["--trainer.max_time=abc"], "trainer.max_time = 'abc'; allowed: ", ['"DD:HH:MM:SS"', "days", "timedelta"], []),
+    (QS, ["--trainer.precision=bogus"], "trainer.precision = bogus; allowed: ", [repr(p) for p in _precisions()], []),
+    # a bad model value with data to read: named before the data folder is looked at
+    (MNIST, ["--data.init_args.data_dir={root}/mnist", "--model.init_args.lr=-1"],
+     "MultiHeadClassifier: lr = -1.0; allowed: a positive number", [], ["mnist"]),
+    (SHAPES, ["--data.init_args.data_dir={root}/shapes", "--model.init_args.lr=-1"],
+     "BetaVAESweep: lr = -1.0; allowed: a positive number", [], ["shapes"]),
+    # the datamodule checks its checkpoint as it is built, and encodes MNIST to give the model its d
+    (ISAE, ["--data.init_args.checkpoint={root}/vae/none.ckpt", "--model.init_args.lr=-1"],
+     "SparseAutoencoder: lr = -1.0; allowed: a positive number", [], ["vae"]),
+]
+
+
+@pytest.fixture(scope="module")
+def as_a_user_runs(request, tmp_path_factory):
+    """``python -m zoo fit`` of each AS_A_USER case in a folder of its own (its working directory)."""
+    runs = {}
+    if selected(request, "as_a_user"):
+        for i, (config, overrides, *_) in enumerate(AS_A_USER):
+            root = tmp_path_factory.mktemp(f"user{i}")
+            runs[i] = root, start_zoo(tmp_path_factory.mktemp(f"user{i}_out"), "fit", "--config", config, *SHORT,
+                                      *(a.format(root=root) for a in overrides), cwd=root)
+    yield runs
+    for _, started in runs.values():
+        stop_zoo(started)
+
+
+@pytest.mark.parametrize("case", range(len(AS_A_USER)), ids=[f"{c[0].rsplit('/', 1)[-1]}:{c[1][-1]}" for c in AS_A_USER])
+@pytest.mark.slow
+def test_as_a_user_the_setting_is_named_in_one_line_before_data_or_runs(as_a_user_runs, case):
+    root, started = as_a_user_runs[case]
+    _, _, first, words, absent = AS_A_USER[case]
+    out = finish(started)
+    lines = out.stderr.strip("\n").split("\n")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert lines[0].startswith(first) and len(lines) == 2 and lines[1].startswith("(set ZOO_TRACEBACK=1"), out.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not (root / "lightning_logs").exists() and not list(root.rglob("*.ckpt"))
+    for folder in absent:
+        assert not (root / folder).exists(), folder
+
+
+def test_jsonargparse_types_in_a_users_words():
+    from zoo.cli.errors import describe
+
+    assert describe("<class 'float'>") == "a number" and describe("<class 'NoneType'>") == "null"
+    assert describe("typing.Literal['16-mixed', 64]") == "'16-mixed', 64"
+    assert describe("list[float]") == "a list of numbers" and describe("dict[str, int]") == "a mapping"
+    assert describe("<class 'lightning.pytorch.loggers.logger.Logger'>") == "a Logger"
