@@ -136,7 +136,7 @@ def test_overridden_steps_train_through_the_same_blocks(B, thetas, monkeypatch):
     SGD on that loss written here step by step (phi' by autograd)."""
     d, eta, S = 30, 0.8, 200
     net = ClippedStudent(d=d, eta=eta, init_w=Gaussian(sigma=0.5), init_heads=Polar(r=1.0, theta=thetas)).double()
-    assert not net.uses_builtin_steps() and MultiHeadStudent(d=d).uses_builtin_steps()
+    assert net.custom_update and not MultiHeadStudent(d=d).custom_update
     E = net.ensemble
     blocks = []
     for name in ("_online_block", "_minibatch_block"):

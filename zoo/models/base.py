@@ -17,6 +17,8 @@ What is the same in every family lives here once, under one name each:
   ``gates``, ``regulariser``, where a family has the concept) and the rule that picks a family's
   fast closed-form kernel: :meth:`ZooModule.overrides`.
 - **Divergence**: :meth:`ZooModule.stop_if_diverged` with the family's :meth:`ZooModule.divergence_hint`.
+- **Batches**: one format per kind of data (:data:`BATCH_FORMATS`), checked in one place
+  (:meth:`ZooModule.check_batch`).
 """
 from __future__ import annotations
 
@@ -119,7 +121,8 @@ class ZooModule(pl.LightningModule, metaclass=_ResolvesAliases):
         family = next((k for k in cls.__mro__ if name in k.__dict__.get("fast_steps", ())), None)
         if family is None:
             raise AttributeError(f"{cls.__name__}.overrides: no class lists {name!r} in its fast_steps")
-        return owner is not family
+        # the family's own definition may be inherited from above it (FullBatchNet's _forward in GDLN)
+        return owner is not None and owner is not family and issubclass(owner, family)
 
     # -- divergence -----------------------------------------------------------------------------------
     def divergence_hint(self) -> str:
@@ -131,10 +134,53 @@ class ZooModule(pl.LightningModule, metaclass=_ResolvesAliases):
         (steps, E), every member's) is not finite (``zoo.training.divergence.check_finite``)."""
         check_finite(losses, step=step, labels=self.labels, hint=self.divergence_hint())
 
-    # -- device-safe tensors --------------------------------------------------------------------------
-    def new_tensor(self, data: Any, dtype: torch.dtype | None = None) -> Tensor:
-        """``torch.tensor(data)`` on this module's device (CPU and GPU alike)."""
-        return torch.tensor(data, dtype=dtype, device=self.device)
+    # -- one batch format per data kind ---------------------------------------------------------------
+    batch_format: ClassVar[str | None] = None
+    """The kind of data the family reads, a key of :data:`BATCH_FORMATS` (None: not checked)."""
+
+    def check_batch(self, batch: Any) -> None:
+        """A batch of another form than the family's kind is an error naming what is expected
+        (run by Lightning before every training and evaluation batch: a data module of the wrong
+        kind fails at its first batch, not inside the arithmetic)."""
+        if self.batch_format is not None and not _BATCH_CHECKS[self.batch_format](batch):
+            got = (f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else
+                   f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list)) else
+                   f"a {type(batch).__name__}")
+            raise TypeError(f"{type(self).__name__} reads {self.batch_format} batches: "
+                            f"{BATCH_FORMATS[self.batch_format]}; got {got}")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.check_batch(batch)
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.check_batch(batch)
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.check_batch(batch)
+
+
+BATCH_FORMATS = {
+    "regression": "a tuple (x, y), x (N, n_in) or (E, N, n_in) and y (N, n_out) or (E, N, n_out) "
+                  "(a full batch or a minibatch; E: one data set per member)",
+    "stream": "a dict {'x', 'y', 'task'} (and 'step', the stream's position): the teacher-student chunks "
+              "x (S, B, d), y (S, B, G), the MNIST steps x (B, 784) or (G, B, 784), y (B,) or (G, B)",
+    "images": "a tuple or list (x, ...), x (B, C, H, W) in [0, 1]",
+    "vectors": "x (B, d), alone, first in a tuple or list, or under 'x' in a dict",
+}
+"""What each kind of data module hands the families (docs/models-skeleton.md#batches)."""
+
+
+def _tensors(*xs: Any) -> bool:
+    return all(isinstance(x, Tensor) for x in xs)
+
+
+_BATCH_CHECKS = {
+    "regression": lambda b: isinstance(b, (tuple, list)) and len(b) == 2 and _tensors(*b),
+    "stream": lambda b: isinstance(b, dict) and {"x", "y", "task"} <= set(b) and _tensors(b["x"], b["y"]),
+    "images": lambda b: isinstance(b, (tuple, list)) and len(b) >= 1 and _tensors(b[0]) and b[0].dim() == 4,
+    "vectors": lambda b: _tensors(b) or (isinstance(b, (tuple, list)) and len(b) >= 1 and _tensors(b[0]))
+                         or (isinstance(b, dict) and _tensors(b.get("x"))),
+}
 
 
 __all__ = ["ZooModule", "check_positive_ints"]

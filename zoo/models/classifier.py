@@ -65,7 +65,6 @@ class MultiHeadClassifier(MultiHeadModule):
     # hyperparameters set from the datamodule at setup, not by the config (zoo.cli.checkpoint_checks)
     hparams_from_data: tuple[str, ...] = ("data_sets",)
     sets_arg = sets_attr = "data_sets"
-    step_size_name = "lr"
     sizes_shared_with_data = ("n_in", "n_classes")
     aliases = {"init_w": "init"}
 

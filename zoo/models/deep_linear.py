@@ -77,7 +77,7 @@ class DeepLinearNet(MemberParallel, Progress, ZooModule):
             same arguments start identical).
     """
 
-    fast_steps = ("member_loss",)
+    fast_steps, batch_format = ("member_loss",), "regression"
 
     def __init__(
         self,

@@ -48,6 +48,8 @@ from torchmetrics import MeanSquaredError
 from zoo.training.distributed import MemberParallel
 from zoo.training.divergence import check_finite
 from zoo.kernels.gdln import GradientDescent, PlainUpdate, TwoLayerEpoch, run_together
+from zoo.models.base import ZooModule
+from zoo.training.ensemble import ensemble_size
 from zoo.training.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, from_spec
 from zoo.utils.labels import member_labels
@@ -112,20 +114,16 @@ def members_of(module: MemberParallel, t: Tensor) -> Tensor:
 
 
 #: the steps of ``FullBatchNet._grads``: a subclass that overrides one of them trains by the generic code
+#: (``ZooModule.overrides``: GDLN's and ReLUNet's fast epochs are their own steps')
 _GRAD_STEPS = ("_grads", "_forward", "_activate", "_gates", "_gate_backward", "_output_errors", "_backprop_last",
                "_input_mask", "gates")
-
-
-def _grad_steps_of(net: "FullBatchNet", cls: type) -> bool:
-    """True when ``net`` computes its gradients with ``cls``'s steps (no subclass replaced one)."""
-    return all(getattr(type(net), n, None) is getattr(cls, n, None) for n in _GRAD_STEPS)
 
 
 def _loss_scale(reduction: str, y: Tensor) -> float:
     return 1.0 if reduction == "sum" else 1.0 / y.shape[-2]
 
 
-class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
+class FullBatchNet(MemberParallel, Progress, ZooModule):
     """Shared machinery: shapes from the datamodule, the GD loop, losses and logging.
 
     Override points: ``member_loss`` (a subclass's loss trains by autograd), ``ReLUNet.gates``.
@@ -134,24 +132,21 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     ``member_params``: one dict per member (its init parameters, ``seed`` and ``draw`` = its index
     among the seed's draws, and the datamodule's per-member data, e.g. XoR's ``Delta``)."""
 
+    fast_steps, batch_format = ("member_loss",), "regression"
+
     def __init__(self, init: InitScheme, ensemble: int | None, lr: float, reduction: str,
                  epochs_per_step: int, seed: int, num_threads: int | None = 1) -> None:
         super().__init__()
         name = type(self).__name__
         scheme = from_spec(init).checked()
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"{name}: lr = {lr}; allowed: a positive number")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"{name}: reduction = {reduction!r}; allowed: 'mean' or 'sum'")
         if epochs_per_step < 1:
             raise ValueError(f"{name}: epochs_per_step = {epochs_per_step}; allowed: a positive integer")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"{name}: num_threads = {num_threads}; allowed: a positive integer or None")
-        E = scheme.ensemble_size if ensemble is None else ensemble
-        if E < 1 or (scheme.ensemble_size > 1 and E != scheme.ensemble_size):
-            raise ValueError(f"{name}: ensemble = {ensemble} but the init scheme describes {scheme.ensemble_size} "
-                             "members; leave ensemble unset or make them agree")
-        self.init_scheme, self.ensemble, self.lr, self.reduction = scheme, E, lr, reduction
+        E = ensemble_size(name, {"init": scheme.ensemble_size}, ensemble)
+        self.init_scheme, self.ensemble, self.lr, self.reduction = scheme, E, self.check_lr(lr), reduction
         self.epochs_per_step, self.seed, self.num_threads = epochs_per_step, seed, num_threads
         self.member_params = [{**{k: v[e] if len(v) > 1 else v[0] for k, v in scheme.params.items()},
                                "seed": seed, "draw": e} for e in range(E)]
@@ -212,6 +207,10 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         for key, value in state.items():
             if not key.startswith("W.") and "." not in key and not hasattr(self, key):
                 self.register_buffer(key, torch.empty_like(value))
+
+    def divergence_hint(self) -> str:
+        return (f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: the summed "
+                "loss needs an lr N times smaller than the mean); try lr / 10.")
 
     def tau(self, N: int) -> float:
         """The time constant in steps: ``1/lr`` (mean loss) or ``1/(N lr)`` (summed loss)."""
@@ -314,7 +313,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
     def hand_written(self) -> bool:
         """True when the hand-written gradients (``_grads``) are the gradients of what is trained:
         no subclass changed ``member_loss``."""
-        return type(self).member_loss is FullBatchNet.member_loss
+        return not self.overrides("member_loss")
 
     @property
     def epochs_done(self) -> int:
@@ -405,9 +404,7 @@ class FullBatchNet(MemberParallel, Progress, pl.LightningModule):
         losses = self.all_member_values(losses, dim=1)  # (n, E)
         self.count_samples(n * y.shape[-2])
         # every rank holds every member's losses: one decision, the same on all of them
-        check_finite(losses[-1], step=first_epoch + n - 1, labels=self.labels,
-                     hint=f"lr = {self.lr} is probably too large for this task (reduction = {self.reduction!r}: "
-                     "the summed loss needs an lr N times smaller than the mean); try lr / 10.")
+        self.stop_if_diverged(losses[-1], first_epoch + n - 1)
         # at the step of the weights it was measured on (Lightning's own axis counts batches)
         log_batch_scalars(self, first_epoch, {"loss": losses[0]}, members=losses[0])
         return {"loss": losses[0].sum(), "epoch_loss": {type(self).__name__: losses.detach().T}, "first_epoch": first_epoch}
@@ -464,6 +461,8 @@ class GDLN(FullBatchNet):
             on 2 for 8,000 epochs on an idle 2-core machine; far worse when the cores are shared).
             Raise it for large ensembles or wide nets.
     """
+
+    fast_steps = _GRAD_STEPS  # the two-layer fast epoch (TwoLayerEpoch) is these steps
 
     def __init__(
         self,
@@ -560,7 +559,7 @@ class GDLN(FullBatchNet):
             self.register_buffer("y_common_limit", limit)  # float64: cast at use
 
     def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
-        if len(Ws) != 2 or self._two_loss() or not _grad_steps_of(self, GDLN):
+        if len(Ws) != 2 or self._two_loss() or any(self.overrides(n) for n in _GRAD_STEPS):
             return None
         gates = members_of(self, self.unit_gates).to(x)
         if gates.dim() > Ws[0].dim():  # per-member gates of a single member: the generic code's shapes
@@ -688,6 +687,8 @@ class ReLUNet(FullBatchNet):
             defaults, so a ReLU net and its ReLN start at the same scale and learn at the same rate).
     """
 
+    fast_steps = _GRAD_STEPS  # the two-layer fast epoch (TwoLayerEpoch) is these steps
+
     def __init__(
         self,
         hidden: list[int] = [700],
@@ -717,7 +718,7 @@ class ReLUNet(FullBatchNet):
         return (h > 0).to(h.dtype)
 
     def _relu_gates(self) -> bool:
-        return type(self).gates is ReLUNet.gates
+        return not self.overrides("gates")
 
     def _gates(self, pre: Tensor, layer: int) -> Tensor:
         return self.gates(pre).detach()
@@ -734,7 +735,7 @@ class ReLUNet(FullBatchNet):
         return torch.ops.aten.threshold_backward(delta, h, 0.0)
 
     def _fast_epoch(self, x: Tensor, y: Tensor, Ws: list[Tensor]) -> TwoLayerEpoch | None:
-        if len(Ws) != 2 or not _grad_steps_of(self, ReLUNet):
+        if len(Ws) != 2 or any(self.overrides(n) for n in _GRAD_STEPS):
             return None
         return TwoLayerEpoch(x, y, Ws, None, None, _loss_scale(self.reduction, y))
 
@@ -780,7 +781,7 @@ def _model_spec(model: FullBatchNet) -> dict:
             "init_args": {k: v for k, v in model.hparams.items() if not k.startswith("_")}}
 
 
-class Comparison(MemberParallel, Progress, pl.LightningModule):
+class Comparison(MemberParallel, Progress, ZooModule):
     """Several full-batch networks trained side by side on one datamodule, e.g. a ReLU net, its
     ReLN and a GDLN that does not match ([H] Figs. 2, 4, 5).
 

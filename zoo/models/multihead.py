@@ -25,7 +25,6 @@ per-sample loss with respect to the readout). The built-in activations are named
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import asdict, replace
 from typing import Callable
@@ -135,14 +134,13 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, ZooModule)
 
     A subclass sets ``sets_arg`` (its constructor argument holding ``G``, set from the datamodule),
     ``sets_attr`` (the datamodule's attribute giving ``G``; its ``set_params`` name the sets),
-    ``step_size_name`` and ``sizes_shared_with_data``, and implements ``consolidation_fisher(x, y,
+    and ``sizes_shared_with_data``, and implements ``consolidation_fisher(x, y,
     task)`` and ``eval_metrics``/``update_eval``.
     """
 
-    fast_steps = ("activation", "activation_grad", "loss_grad")
+    fast_steps, batch_format = ("activation", "activation_grad", "loss_grad"), "stream"
     sets_arg = "teacher_sets"
     sets_attr = "teacher_sets"
-    step_size_name = "eta"
     whole_stream = True
     """Every process reads the whole step schedule (``zoo.cli``: no distributed sampler), also with one
     member (``E G`` is known only at setup) and data-parallel, where :meth:`rank_part` splits each batch."""
@@ -156,8 +154,6 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, ZooModule)
         if isinstance(ewc, dict):
             ewc = EWC(**ewc)
         plain = {key: scheme.spec() for key, scheme in schemes.items()} | ({"ewc": asdict(ewc)} if ewc else {})
-        if "init" not in inspect.signature(type(self).__init__).parameters:  # TEMPORARY: the student's init_w
-            plain["init_w"] = plain.pop("init")
         return schemes, ewc, plain
 
     def build_members(self, schemes: dict, ewc: EWC | None, seed, grid: bool, ensemble: int | None, sets: int,
@@ -187,12 +183,6 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, ZooModule)
         self.activation_name = str(activation)
         if not self.overrides("activation"):
             self.activation = BuiltinActivation(activation)
-
-    @staticmethod
-    def check_step_size(owner: str, name: str, value: float) -> float:
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{owner}: {name} = {value}; allowed: a positive number")
-        return float(value)
 
     def _ewc_state(self) -> EWCState | None:
         """Buffers for EWC of ``W``, with one ``xi`` per member if ``xi`` is a list."""
@@ -321,7 +311,8 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, ZooModule)
 
     @property
     def custom_update(self) -> bool:
-        """Whether a subclass overrides an override point: training then goes through them."""
+        """Whether a subclass overrides an override point (``ZooModule.overrides``): the student's blocked
+        SGD then calls them on ``lam``; else the built-ins run in closed form (in ``u = kappa lam``)."""
         return any(self.overrides(m) for m in self.fast_steps)
 
     # -- data sets ------------------------------------------------------------------------------------
@@ -405,8 +396,7 @@ class MultiHeadModule(MemberParallel, Progress, TaskSwitchAtBatchEnd, ZooModule)
             self.on_task_switch(self.task_index, task)
         if self.ewc is not None and self.ewc.active:
             with all_members(self):  # every rank decides on every member: all raise, or none
-                self.ewc.check_step_size(getattr(self, self.step_size_name), self.labels, type(self).__name__,
-                                         self.step_size_name)
+                self.ewc.check_step_size(self.lr, self.labels, type(self).__name__, "lr")
         self.task.fill_(task)
         self.task_index = task
 

@@ -69,6 +69,8 @@ class SparseAutoencoder(MemberParallel, StagedEvaluation, Progress, ZooModule):
             mask of survivors is the buffer ``alive``.
     """
 
+    batch_format = "vectors"
+
     def __init__(
         self,
         d: int = 16,

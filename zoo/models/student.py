@@ -33,7 +33,7 @@ rounding; a test checks it against a plain loop) at a fraction of its memory tra
 length shrinks as d grows (the Gram matrix costs ``n d`` a step: ``_block_size``). It is the one
 SGD path: a single student is the ensemble of one (unpadded, its steps on views of buffers made
 once a call), a subclass that overrides ``activation``, ``activation_grad`` or ``loss_grad`` runs
-through the same blocks, which then call those methods (``uses_builtin_steps``), and EWC's penalty
+through the same blocks, which then call those methods (``custom_update``), and EWC's penalty
 (not rank one) makes each block one step. Small ensembles train on one CPU thread (``_cpu_threads``).
 """
 from __future__ import annotations
@@ -46,7 +46,6 @@ from zoo.training.lazy import lazy_instance
 from torch import Tensor, nn
 from torchmetrics import MeanSquaredError
 
-from zoo.training.divergence import check_finite
 from zoo.training.ewc import EWC
 from zoo.training.hparams import save_own_hyperparameters
 from zoo.init import Gaussian, InitScheme, Polar
@@ -76,8 +75,9 @@ class MultiHeadStudent(MultiHeadModule):
         n_tasks: number of heads (must match the datamodule's).
         activation: ``phi``: ``"erf"`` (``erf(z / sqrt 2)``, the default), ``"relu"``,
             ``"sigmoid"``, ``"tanh"`` or ``"linear"`` (a subclass may override ``activation(lam)``).
-        eta: learning rate ([S] Eqs. 6-7: ``W`` steps ``eta / sqrt d``, heads ``eta / d``).
-        init_w: scheme of the first layer; ``gaussian(sigma)`` gives i.i.d. ``N(0, sigma_w^2)``.
+        lr: learning rate, [S]'s ``eta`` (Eqs. 6-7: ``W`` steps ``eta / sqrt d``, heads ``eta / d``);
+            ``eta`` is accepted as its name (``ZooModule.aliases``), as ``init_w`` for ``init``.
+        init: scheme of the first layer; ``gaussian(sigma)`` gives i.i.d. ``N(0, sigma_w^2)``.
         init_heads: scheme of the heads (one readout of shape (1, p) per task): ``polar(r, theta)``
             (p = 2), ``gaussian`` or ``entropy_mix``.
         init_later_heads: scheme of the heads of tasks 2, 3, ... if different from ``init_heads``
@@ -99,19 +99,14 @@ class MultiHeadStudent(MultiHeadModule):
     # hyperparameters set from the datamodule at setup, not by the config (zoo.cli.checkpoint_checks)
     hparams_from_data: tuple[str, ...] = ("teacher_sets",)
     sets_arg = sets_attr = "teacher_sets"
-    step_size_name = "eta"
     sizes_shared_with_data = ("d", "n_tasks")
+    aliases = {"eta": "lr", "init_w": "init"}
     logs_on_samples = True
 
-    def uses_builtin_steps(self) -> bool:
-        """The one rule for how an SGD step evaluates ``phi``, ``phi'`` and the loss derivative.
+    eta = property(lambda self: self.lr, doc="[S]'s name of the step size ``lr``.")
 
-        True unless a subclass overrides ``activation``, ``activation_grad`` or ``loss_grad``
-        (``custom_update``): the built-in activation named by ``activation`` then runs in closed form
-        in the scaled variable ``u = kappa lam`` (``kappa = 1 / sqrt 2`` for erf), written into the
-        block's buffers, and the loss derivative of ``1/2 Delta^2`` is ``Delta`` itself. False: the
-        blocks call the three methods on ``lam``. Either way the same blocked SGD (``sgd_steps``)."""
-        return not self.custom_update
+    def divergence_hint(self) -> str:
+        return f"lr = eta = {self.lr} is probably too large (online SGD needs eta of order 1 or less)."
 
     def __init__(
         self,
@@ -119,8 +114,8 @@ class MultiHeadStudent(MultiHeadModule):
         p: int = 2,
         n_tasks: int = 2,
         activation: Activation = "erf",
-        eta: float = 1.0,
-        init_w: InitScheme = lazy_instance(Gaussian, sigma=1e-3),
+        lr: float = 1.0,
+        init: InitScheme = lazy_instance(Gaussian, sigma=1e-3),
         init_heads: InitScheme = lazy_instance(Polar, r=1.0, theta=0.0),
         init_later_heads: InitScheme | None = None,
         ensemble: int | None = None,
@@ -128,13 +123,14 @@ class MultiHeadStudent(MultiHeadModule):
         grid: bool = False,
         ewc: EWC | None = None,
         teacher_sets: int = 1,
+        eta: float | None = None,
+        init_w: InitScheme | None = None,
     ) -> None:
         super().__init__()
-        name = type(self).__name__
-        check_positive_ints(name, d=d, p=p, n_tasks=n_tasks)
+        check_positive_ints(type(self).__name__, d=d, p=p, n_tasks=n_tasks)
         self.set_activation(activation)
-        self.eta = self.check_step_size(name, "eta", eta)
-        schemes, ewc, plain = self.init_members(init_w, init_heads, init_later_heads, ewc)
+        self.lr = self.check_lr(lr, "lr = eta")
+        schemes, ewc, plain = self.init_members(init, init_heads, init_later_heads, ewc)
         save_own_hyperparameters(self, **plain)
         self.d, self.p, self.n_tasks = int(d), int(p), int(n_tasks)
         self.automatic_optimization = False
@@ -267,7 +263,7 @@ class MultiHeadStudent(MultiHeadModule):
         """The update is the explicit SGD of [S] Eqs. 6-7 (``sgd_steps``, in place, no gradients);
         this optimizer's ``step`` after each batch changes nothing and counts the batch's update in
         Lightning's ``global_step``."""
-        return torch.optim.SGD(self.parameters(), lr=self.eta)
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         x, y, task = batch["x"], batch["y"], int(batch["task"])
@@ -283,8 +279,7 @@ class MultiHeadStudent(MultiHeadModule):
         # each member's mean over its own contiguous row: the same bits whichever members share the tensor
         losses = 0.5 * Delta.view(S * B, -1).T.contiguous().pow(2).mean(1)
         everyone = self.across_ranks(losses)  # every member's, on every rank: all ranks stop together
-        check_finite(everyone, step=self.samples_seen, labels=self.labels,
-                     hint=f"eta = {self.eta} is probably too large (online SGD needs eta of order 1 or less).")
+        self.stop_if_diverged(everyone, self.samples_seen)
         self.count_samples(S * B)
         self.optimizers().step()
         self._log_training(everyone, batch_idx)
@@ -394,7 +389,7 @@ class MultiHeadStudent(MultiHeadModule):
         """Run ``S`` SGD steps on head ``task``: x (S, B, d), y (S, B, E). Returns ``Delta`` (S, B, E).
 
         Exact blocked SGD (module docstring) for every ensemble size, a single student included,
-        and every activation and loss (``uses_builtin_steps``); ``B > 1`` is minibatch SGD with the
+        and every activation and loss (``custom_update``); ``B > 1`` is minibatch SGD with the
         mean step. With the EWC penalty on, a block is one SGD step (the penalty is not rank one).
         A small ensemble runs on one CPU thread (``_cpu_threads``).
         """
@@ -453,9 +448,9 @@ class MultiHeadStudent(MultiHeadModule):
 
     def _constants(self, B: int) -> tuple[float, float, float, float]:
         """``kappa`` and the step sizes of ``u`` (per Gram entry and unit of g), heads and ``W``;
-        through the override points (``uses_builtin_steps`` False) ``u`` is ``lam`` itself."""
+        through the override points (``custom_update``) ``u`` is ``lam`` itself."""
         act, d = self.activation_name, self.d
-        kappa, const = (_kappa(act), _dphi_const(act)) if self.uses_builtin_steps() else (1.0, 1.0)
+        kappa, const = (_kappa(act), _dphi_const(act)) if not self.custom_update else (1.0, 1.0)
         return kappa, kappa * self.eta * const / (d * B), self.eta / (d * B), self.eta * const / (math.sqrt(d) * B)
 
     def _online_block(self, b: "_OnlineBuffers", W: Tensor, h: Tensor, Xb: Tensor, Yb: Tensor, Db: Tensor) -> None:
@@ -469,7 +464,7 @@ class MultiHeadStudent(MultiHeadModule):
         kappa, c_u, c_head, c_W = self._constants(1)
         b.products(W, Xb, kappa / math.sqrt(self.d))
         b.Y.copy_(Yb)
-        builtin = self.uses_builtin_steps()
+        builtin = not self.custom_update
         unit, vecdot, addr = _BUILTIN_STEPS[self.activation_name], torch.linalg.vecdot, b.U.addr_
         # one tuple of row views a step (zip: no indexing, a step is its tensor ops and little Python)
         rows = zip(b.u_mats, b.f_mats, b.df_mats, b.d_rows, b.y_rows, b.d_cols, b.g_mats, b.k_rows, b.g_rows)
@@ -498,7 +493,7 @@ class MultiHeadStudent(MultiHeadModule):
         """
         E, p, act, d = h.shape[0], self.p, self.activation_name, self.d
         kappa, c_u, c_head, c_W = self._constants(B)
-        builtin = self.uses_builtin_steps()
+        builtin = not self.custom_update
         n = Xb.shape[0]
         U = _pre_activations(W, Xb, E * p, kappa / math.sqrt(d))  # (n, E_pad p)
         K = Xb @ Xb.T

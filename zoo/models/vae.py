@@ -244,6 +244,7 @@ class _Evaluation(StagedEvaluation, Progress):
     per member (``.../<label>``) for a sweep of up to ``MAX_MEMBER_TAGS``."""
 
     labels: list[str]
+    batch_format = "images"
 
     def divergence_hint(self) -> str:
         return f"lr = {self.lr} may be too large (try lr / 10), or the init too large."
