@@ -167,3 +167,31 @@ def test_every_registered_scheme_exposes_its_parameters():
     grid = PathwayGrid(lam1=[0.0, 1.0], lam2=[0.0, 2.0, 4.0], a0=0.01)
     assert grid.params == {"lam1": [0.0, 1.0], "lam2": [0.0, 2.0, 4.0], "a0": [0.01]}
     assert PathwayGrid(omega0=0.1).params["omega0"] == [0.1] and grid.ensemble_size == 6
+
+
+def test_the_student_takes_lr_and_the_papers_eta_on_the_command_line(in_tmp):
+    from zoo.cli import build_cli
+
+    base = ["--model=MultiHeadStudent", "--model.init_args.d=8"]
+    for flag in ("lr", "eta"):
+        cli = build_cli(base + [f"--model.init_args.{flag}=0.25"], run=False)
+        assert cli.model.lr == cli.model.eta == 0.25 and cli.model.hparams["lr"] == 0.25
+        assert "eta" not in cli.model.hparams
+    assert MultiHeadStudent(d=8, eta=0.5).hparams == MultiHeadStudent(d=8, lr=0.5).hparams
+    with pytest.raises(ValueError, match="lr = 0.5 and eta = 0.25 are both given"):
+        MultiHeadStudent(d=8, lr=0.5, eta=0.25)
+
+
+def test_a_batch_of_another_kind_is_an_error_naming_the_expected_format():
+    net = DeepLinearNet(dims=[2, 2, 2])
+    net.check_batch((torch.zeros(3, 2), torch.zeros(3, 2)))
+    with pytest.raises(TypeError, match=r"DeepLinearNet reads regression batches: a tuple \(x, y\).*got a dict "
+                                        r"with keys \['task', 'x', 'y'\]"):
+        net.check_batch({"x": torch.zeros(3, 2), "y": torch.zeros(3), "task": 0})
+    student = MultiHeadStudent(d=8)
+    student.check_batch({"x": torch.zeros(1, 1, 8), "y": torch.zeros(1, 1, 1), "task": 0})
+    with pytest.raises(TypeError, match=r"reads stream batches: a dict \{'x', 'y', 'task'\}.*got a tuple of 2"):
+        student.check_batch((torch.zeros(1, 8), torch.zeros(1)))
+    with pytest.raises(TypeError, match=r"BetaVAE reads images batches.*\(B, C, H, W\)"):
+        BetaVAE(**VAE).check_batch([torch.zeros(2, 16)])
+    SparseAutoencoder(d=4, n=8).check_batch({"x": torch.zeros(2, 4)})
