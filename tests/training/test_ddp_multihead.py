@@ -25,7 +25,7 @@ from zoo.init import Gaussian, Polar
 
 STUDENT = [
     "--model=MultiHeadStudent", "--model.init_args.d=40", "--model.init_args.p=2", "--model.init_args.eta=1.0",
-    "--model.init_args.init_w=Gaussian", "--model.init_args.init_w.init_args.sigma=0.001",
+    "--model.init_args.init=Gaussian", "--model.init_args.init.init_args.sigma=0.001",
     "--model.init_args.init_heads=Polar", "--model.init_args.init_heads.init_args.theta=[0.785,0.0,0.3]",
     # EWC with one xi per initialisation: the anchors, Fishers and xi are sharded with the members
     "--model.init_args.ewc.xi=[0.0,0.5,1.0]", "--model.init_args.ewc.samples=100",

@@ -67,7 +67,7 @@ def sweep_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     args = ["--config", str(RECIPES / "fig4_gain_dci.yaml"), "--trainer.max_steps=6",
             "--model.init_args.seeds=[0]", "--model.init_args.encoder_widths=[16,8]",
-            "--model.init_args.decoder_widths=[8,16]", "--model.init_args.init_encoder.init_args.g=[0.3,1.0,3.0]",
+            "--model.init_args.decoder_widths=[8,16]", "--model.init_args.init.init_args.g=[0.3,1.0,3.0]",
             f"--data.init_args.data_dir={tmp / 'data'}", "--data.init_args.resolution=8",
             "--data.init_args.subsample=4", "--data.init_args.batch_size=16", "--data.init_args.val_size=32",
             "--trainer.val_check_interval=3", "--trainer.callbacks.init_args.n_train=60",

@@ -77,7 +77,7 @@ def fig4(tmp_path_factory):
     data = tmp_path_factory.mktemp("shapes")
     args = ["--config", str(RECIPES / "fig4_gain_dci.yaml"), f"--trainer.max_steps={FIG4_STEPS}",
             "--model.init_args.seeds=[0]", "--model.init_args.encoder_widths=[16,8,8,8]",
-            "--model.init_args.decoder_widths=[8,8,8,16]", "--model.init_args.init_encoder.init_args.g=[0.3,3.0]",
+            "--model.init_args.decoder_widths=[8,8,8,16]", "--model.init_args.init.init_args.g=[0.3,3.0]",
             f"--data.init_args.data_dir={data}", "--data.init_args.resolution=8", "--data.init_args.subsample=4",
             "--data.init_args.batch_size=16",
             "--trainer.callbacks.init_args.n_train=60", "--trainer.callbacks.init_args.n_test=30",

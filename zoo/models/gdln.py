@@ -113,8 +113,7 @@ def members_of(module: MemberParallel, t: Tensor) -> Tensor:
     return t
 
 
-#: the steps of ``FullBatchNet._grads``: a subclass that overrides one of them trains by the generic code
-#: (``ZooModule.overrides``: GDLN's and ReLUNet's fast epochs are their own steps')
+#: the steps of ``FullBatchNet._grads``: one overridden trains by the generic code (``ZooModule.overrides``)
 _GRAD_STEPS = ("_grads", "_forward", "_activate", "_gates", "_gate_backward", "_output_errors", "_backprop_last",
                "_input_mask", "gates")
 
