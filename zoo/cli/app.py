@@ -58,7 +58,7 @@ def _cli_class():
     from lightning.pytorch.cli import LightningCLI
 
     from zoo.cli.checkpoint_checks import check_checkpoint, plain_value
-    from zoo.cli.errors import before_first_batch
+    from zoo.cli.before_training import before_first_batch
     from zoo.cli.config_checks import (check_finite_settings, check_model_without_data, check_trainer_settings,
                                        yaml_non_finite)
     from zoo.training.distributed import register

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import io
-import logging
 import os
 import re
 import sys
@@ -31,9 +29,9 @@ import traceback
 from collections.abc import Iterator
 
 import jsonargparse
-from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from zoo.cli.before_training import hold_stderr, release_stderr, stop_holding, training_started
 from zoo.cli.config_checks import yaml_non_finite  # noqa: F401  (its old home: zoo.cli.errors)
 from zoo.training.divergence import DivergenceError
 
@@ -44,7 +42,6 @@ HINT = f"(set {TRACEBACK_ENV}=1 for the full traceback)"
 # what a wrong setting raises; AttributeError, RuntimeError and the like are bugs and keep their traceback
 CONFIG_ERRORS = (ValueError, TypeError, LookupError, OSError, MisconfigurationException, argparse.ArgumentError)
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)"')
-_STARTED = "_zoo_training_started"
 _JSONARGPARSE_DIR = os.path.dirname(os.path.abspath(jsonargparse.__file__)) + os.sep
 # how jsonargparse's type names read to a user; other classes read "a <Name>"
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false",
@@ -147,57 +144,24 @@ def message(err: BaseException) -> str:
     return f"{type(own).__name__}: {text}" if isinstance(own, (OSError, KeyError)) and ":" not in text else text
 
 
-class _HeldStderr:
-    """What Python and the loggers write to stderr (Lightning's "Seed set to 0", "GPU available: ...",
-    warnings), held back until training starts, so that a configuration error is the first line."""
-
-    def __init__(self) -> None:
-        self.real, self.buffer = sys.stderr, io.StringIO()
-        loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                           if isinstance(v, logging.Logger))]
-        self.handlers = [h for lg in loggers for h in lg.handlers
-                         if isinstance(h, logging.StreamHandler) and h.stream is self.real]
-        for h in self.handlers:
-            h.setStream(self.buffer)
-        sys.stderr = self.buffer
-
-    def release(self, replay: bool = True) -> str:
-        """Restore stderr; write what was held back to it when ``replay``. Returns that text."""
-        if sys.stderr is self.buffer:
-            sys.stderr = self.real
-        for h in self.handlers:
-            if h.stream is self.buffer:
-                h.setStream(self.real)
-        held, self.buffer = self.buffer.getvalue(), io.StringIO()
-        if replay and held:
-            self.real.write(held)
-            self.real.flush()
-        return held
-
-
-_held: _HeldStderr | None = None
-
-
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """Report configuration errors and divergence as one line and exit (see the module docstring)."""
-    global _held
-    _held = _HeldStderr()
+    hold_stderr()
     try:
         yield
     except DivergenceError as err:
         _exit(err, DIVERGENCE_EXIT)
     except Exception as err:
-        if getattr(err, _STARTED, False) or not isinstance(err, CONFIG_ERRORS):
+        if training_started(err) or not isinstance(err, CONFIG_ERRORS):
             raise
         _exit(err, CONFIG_ERROR_EXIT)
     finally:
-        _held.release()
-        _held = None
+        stop_holding()
 
 
 def _exit(err: BaseException, code: int) -> None:
-    held = _held.release(replay=False) if _held is not None else ""
+    held = release_stderr(replay=False)
     lines = [message(err)]
     if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
         # jsonargparse raises its errors "from None": show the traceback of the zoo's own exception
@@ -207,46 +171,3 @@ def _exit(err: BaseException, code: int) -> None:
     sys.stderr.write("\n".join(line for line in lines if line) + "\n")
     sys.stderr.flush()
     raise SystemExit(code) from None
-
-
-class _FirstBatch(Callback):
-    """Notes when the first batch starts (errors before it are the settings' fault) and lets stderr
-    through from then on. The batches of the sanity check still count as "before"."""
-
-    started = False
-
-    def _start(self, trainer) -> None:
-        if not self.started and not trainer.sanity_checking:
-            self.started = True
-            if _held is not None:
-                _held.release()
-
-    def on_train_batch_start(self, trainer, *args) -> None:
-        self._start(trainer)
-
-    def on_validation_batch_start(self, trainer, *args) -> None:
-        self._start(trainer)
-
-    def on_test_batch_start(self, trainer, *args) -> None:
-        self._start(trainer)
-
-    def on_predict_batch_start(self, trainer, *args) -> None:
-        self._start(trainer)
-
-
-@contextlib.contextmanager
-def before_first_batch(trainer) -> Iterator[None]:
-    """Run a subcommand on ``trainer``, marking any exception with whether training had started, so
-    :func:`one_line_errors` reports errors from ``setup``/``prepare_data``/checkpoint loading as
-    settings and lets errors from training keep their traceback."""
-    flag = _FirstBatch()
-    trainer.callbacks.insert(0, flag)
-    try:
-        yield
-    except BaseException as err:
-        with contextlib.suppress(AttributeError):
-            setattr(err, _STARTED, flag.started)
-        raise
-    finally:
-        with contextlib.suppress(ValueError):
-            trainer.callbacks.remove(flag)
