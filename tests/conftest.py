@@ -89,14 +89,6 @@ def recipe_phase_1(path: Path) -> Path | None:
     return None
 
 
-def quiet_trainer(tmp_path, callbacks, logger: bool = True, existing: tuple[str, ...] = ()):
-    """A one-epoch ``helpers_fit.trainer`` logging to ``tmp_path/tb/version_0`` (kept for the files that
-    still call it by this name)."""
-    from helpers_fit import trainer
-
-    return trainer(tmp_path, logger=logger, callbacks=callbacks, existing=existing)
-
-
 def selected(request, name: str) -> bool:
     """Whether a test of ``request``'s module whose name contains ``name`` is in this session's run
     (for a module fixture that starts work those tests will need, only when they run)."""

@@ -37,10 +37,3 @@ class TinySquares(pl.LightningDataModule):
         """``n_test`` points drawn with seed ``seed + 1``."""
         x, f = self.sample(self.n_test, torch.Generator().manual_seed(self.seed + 1))
         return DataLoader(TensorDataset(x, f), batch_size=self.batch_size, generator=torch.Generator())
-
-
-def short_trainer(tmp_path, steps: int, callbacks=()) -> pl.Trainer:
-    """``helpers_fit.trainer`` (TensorBoard in ``tmp_path/tb/version_0``) stopped after ``steps`` steps."""
-    from helpers_fit import trainer
-
-    return trainer(tmp_path, logger=True, callbacks=callbacks, max_steps=steps)

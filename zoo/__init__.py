@@ -32,7 +32,22 @@ _LAZY = {
 # module paths before the layout by job (models/, training/, cli/, ...) -> where they live now: a
 # user's config with ``class_path: zoo.gdln.GDLN`` or an old checkpoint's hyperparameters keep
 # resolving, to the very same module object
-MOVED = {"deep_linear": "models.deep_linear", "multihead": "models.multihead", "student": "models.student", "classifier": "models.classifier", "sae": "models.sae", "vae": "models.vae", "gdln": "models.gdln", "gdln_depth": "models.gdln_depth", "reln": "models.reln", "reln_imitation": "models.reln_imitation", "gdln_fast": "kernels.gdln", "vae_stacked": "kernels.vae", "steps": "training.steps", "logs": "training.logs", "scalar_events": "training.scalar_events", "history": "training.history", "checkpoint": "training.checkpoint", "distributed": "training.distributed", "divergence": "training.divergence", "progress": "training.progress", "devices": "training.devices", "hparams": "training.hparams", "lazy": "training.lazy", "evaluation": "training.evaluation", "resume_events": "training.resume_events", "member_modules": "training.member_modules", "ensemble": "training.ensemble", "ewc": "training.ewc", "task_switch": "training.task_switch", "threads": "utils.threads", "extras": "utils.extras", "labels": "utils.labels", "errors": "cli.errors", "config_checks": "cli.config_checks", "checkpoint_checks": "cli.checkpoint_checks", "run_summary": "cli.run_summary", "recipes": "cli.recipes", "quiet": "cli.quiet", "runs": "cli.runs"}
+MOVED = {
+    "deep_linear": "models.deep_linear", "multihead": "models.multihead", "student": "models.student",
+    "classifier": "models.classifier", "sae": "models.sae", "vae": "models.vae", "gdln": "models.gdln",
+    "gdln_depth": "models.gdln_depth", "reln": "models.reln", "reln_imitation": "models.reln_imitation",
+    "gdln_fast": "kernels.gdln", "vae_stacked": "kernels.vae",
+    "steps": "training.steps", "logs": "training.logs", "scalar_events": "training.scalar_events",
+    "history": "training.history", "checkpoint": "training.checkpoint", "distributed": "training.distributed",
+    "divergence": "training.divergence", "progress": "training.progress", "devices": "training.devices",
+    "hparams": "training.hparams", "lazy": "training.lazy", "evaluation": "training.evaluation",
+    "resume_events": "training.resume_events", "member_modules": "training.member_modules",
+    "ensemble": "training.ensemble", "ewc": "training.ewc", "task_switch": "training.task_switch",
+    "threads": "utils.threads", "extras": "utils.extras", "labels": "utils.labels",
+    "errors": "cli.errors", "config_checks": "cli.config_checks",
+    "checkpoint_checks": "cli.checkpoint_checks", "run_summary": "cli.run_summary", "recipes": "cli.recipes",
+    "quiet": "cli.quiet", "runs": "cli.runs",
+}
 MOVED = {f"zoo.{old}": f"zoo.{new}" for old, new in MOVED.items()}
 
 

@@ -116,11 +116,11 @@ def test_rejects_bad_input(kwargs, match):
 def test_ewc_too_stiff_for_sgd_stops_at_the_switch_with_a_message(tmp_path):
     """lr * xi * max F >= 2 makes SGD on the penalty oscillate and grow: an error, not a NaN run."""
     from datamodules.mnist import MNISTContinual
-    from tests.conftest import quiet_trainer
+    from helpers_fit import trainer as fit_trainer
     from tests.helpers_mnist import tiny_mnist
 
     dm = MNISTContinual(data_dir=str(tiny_mnist(tmp_path / "data")), shared=2, batch_size=10, steps=[3, 3])
     net = MultiHeadClassifier(hidden=8, lr=1.0, ewc=EWC(xi=[0.0, 1e12], samples=20))
     with pytest.raises(ValueError, match=r"ewc.xi = 1e\+12 is too large for SGD \(xi=1e\+12\): lr \* xi \* max\(F\)"):
-        quiet_trainer(tmp_path, [], logger=False).fit(net, dm)
+        fit_trainer(tmp_path).fit(net, dm)
     assert net.global_step == 3  # task 1 trained, nothing of task 2

@@ -11,7 +11,7 @@ from datamodules import TeacherStudent
 from zoo import MultiHeadStudent
 from zoo.training.ewc import EWC, EWCState
 from zoo.init import Gaussian, Polar
-from helpers_trainer import trainer
+from helpers_fit import trainer
 from zoo.models.student import phi
 
 

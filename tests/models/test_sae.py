@@ -44,20 +44,20 @@ def test_grid_is_the_product_of_v_and_l1():
 
 
 def test_divergence_stops_with_a_message(tmp_path):
-    from tests.conftest import quiet_trainer
+    from helpers_fit import trainer as fit_trainer
     from zoo.training.divergence import DivergenceError
 
     x = 100 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 16 steps
     net = SparseAutoencoder(d=4, n=8, init=Imbalance(v=1.0, sigma=1.0), lr=10.0)
     with pytest.raises(DivergenceError, match="lr = 10.0 is probably too large"):
-        quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
+        fit_trainer(tmp_path).fit(net, loader)
 
 
 def test_diverged_member_drops_out_and_the_others_train_on(tmp_path):
     """on_divergence='drop': the member at a huge v diverges, the others finish exactly as they
     would beside a member that never diverges (members share only the batches)."""
-    from tests.conftest import quiet_trainer
+    from helpers_fit import trainer as fit_trainer
     from zoo.training.divergence import DivergenceError
 
     x = 3 * torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
@@ -65,17 +65,17 @@ def test_diverged_member_drops_out_and_the_others_train_on(tmp_path):
     kw = dict(d=4, n=8, lr=0.01, seed=3)
     net = SparseAutoencoder(init=Imbalance(v=[1.0, 300.0, 2.0], sigma=0.3), on_divergence="drop", **kw)
     with pytest.warns(RuntimeWarning, match=r"v=300 diverged at step \d+ .* dropped"):
-        quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
+        fit_trainer(tmp_path).fit(net, loader)
     assert net.alive.tolist() == [True, False, True]
     calm = SparseAutoencoder(init=Imbalance(v=[1.0, 1.0, 2.0], sigma=0.3), **kw)
-    quiet_trainer(tmp_path, [], logger=False).fit(calm, loader)
+    fit_trainer(tmp_path).fit(calm, loader)
     for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
         a, b = getattr(net, name).detach(), getattr(calm, name).detach()
         assert torch.equal(a[[0, 2]], b[[0, 2]]), name
     # with 'stop' (the default) the same sweep ends at the divergence
     net = SparseAutoencoder(init=Imbalance(v=[1.0, 300.0, 2.0], sigma=0.3), **kw)
     with pytest.raises(DivergenceError, match="v=300"):
-        quiet_trainer(tmp_path, [], logger=False).fit(net, loader)
+        fit_trainer(tmp_path).fit(net, loader)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -102,7 +102,7 @@ class SquaredPenaltySAE(SparseAutoencoder):
 
 
 def test_an_overridden_member_loss_is_what_sgd_minimises(tmp_path):
-    from tests.helpers_vae import short_trainer
+    from helpers_fit import trainer as fit_trainer
 
     x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
     kw = dict(d=3, n=5, l1=[0.0, 0.5], init=Imbalance(v=[0.5, 2.0], sigma=0.7), grid=True, lr=0.2, seed=4)
@@ -110,7 +110,7 @@ def test_an_overridden_member_loss_is_what_sgd_minimises(tmp_path):
     W_enc, W_dec = net.W_enc.detach().clone(), net.W_dec.detach().clone()
     b_enc, b_dec = net.b_enc.detach().clone(), net.b_dec.detach().clone()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)  # 3 steps
-    short_trainer(tmp_path, 3).fit(net, loader)
+    fit_trainer(tmp_path, logger=True, max_steps=3).fit(net, loader)
     # independent: three plain SGD steps on each member's L2-penalised loss, written out here
     for e, lam in enumerate([0.0, 0.5, 0.0, 0.5]):
         p = [t[e].clone().requires_grad_() for t in (W_enc, W_dec, b_enc, b_dec)]
@@ -123,5 +123,5 @@ def test_an_overridden_member_loss_is_what_sgd_minimises(tmp_path):
             torch.testing.assert_close(got[e].detach(), want.detach(), atol=1e-6, rtol=1e-5)
     # the plain SAE (L1) trains to other weights: the override is what was trained
     plain = SparseAutoencoder(**kw)
-    short_trainer(tmp_path / "plain", 3).fit(plain, loader)
+    fit_trainer(tmp_path / "plain", logger=True, max_steps=3).fit(plain, loader)
     assert not torch.allclose(plain.W_enc[1], net.W_enc[1], atol=1e-5)

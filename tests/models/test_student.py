@@ -10,7 +10,7 @@ import torch
 from datamodules import TeacherStudent
 from zoo import DivergenceError, MultiHeadStudent
 from zoo.init import Gaussian, Polar
-from helpers_trainer import trainer
+from helpers_fit import trainer
 from zoo.models.student import phi
 from zoo.theory.meanfield import integrate
 

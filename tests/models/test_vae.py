@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from tests.conftest import quiet_trainer
-from tests.helpers_vae import TinySquares, short_trainer
+from helpers_fit import trainer as fit_trainer
+from tests.helpers_vae import TinySquares
 from zoo.training.divergence import DivergenceError
 from zoo.init import Gain, Xavier
 from zoo.models.vae import (ACTIVE_THRESHOLD, BetaVAE, BetaVAESweep, active_latents, bernoulli_nll,
@@ -152,7 +152,7 @@ def test_a_variant_overrides_only_the_regulariser(tmp_path):
     # C(5) = 5 * 5/10 = 2.5; atol 1e-3 on a regulariser of order 100-1000 is float32 rounding
     torch.testing.assert_close(out["loss"] - out["reconstruction"], 100.0 * (out["kl"] - 2.5).abs(),
                                atol=1e-3, rtol=1e-5)
-    trainer = short_trainer(tmp_path, 4)
+    trainer = fit_trainer(tmp_path, logger=True, max_steps=4)
     trainer.fit(vae, datamodule=TinySquares())  # builds from the datamodule's image_shape
     assert trainer.global_step == 4 and vae.image_shape == [1, 8, 8]
     assert {"loss", "reconstruction", "kl", "active_latents", "kl/z0", "kl/z2"} <= set(trainer.callback_metrics)
@@ -169,7 +169,7 @@ def test_the_overridden_regulariser_is_what_adam_minimises(tmp_path):
     kw = dict(latent_dim=3, encoder_widths=[16, 8], decoder_widths=[8, 16], lr=1e-2, seed=2)
     dm = TinySquares(batch_size=16)
     vae = NoiselessCapacityVAE(**kw)
-    short_trainer(tmp_path, 3).fit(vae, datamodule=dm)
+    fit_trainer(tmp_path, logger=True, max_steps=3).fit(vae, datamodule=dm)
     # independent: the same network from the same seed, three Adam steps on the loss written out here
     # (Bernoulli reconstruction at z = mu plus gamma |KL - C(step)|, C rising by c_max / c_steps a step)
     ref = BetaVAE(image_shape=[1, 8, 8], **kw)
@@ -187,7 +187,7 @@ def test_the_overridden_regulariser_is_what_adam_minimises(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     plain = BetaVAE(**kw)
     plain.reparameterise = lambda mu, logvar: mu
-    short_trainer(tmp_path / "plain", 3).fit(plain, datamodule=dm)
+    fit_trainer(tmp_path / "plain", logger=True, max_steps=3).fit(plain, datamodule=dm)
     assert not torch.allclose(plain.encoder[0].weight, vae.encoder[0].weight, atol=1e-4)  # the override mattered
 
 
@@ -209,7 +209,7 @@ def test_bad_arguments_raise_naming_the_parameter(kwargs, words):
 
 def test_image_shape_must_match_the_data(tmp_path):
     vae = _vae(image_shape=[1, 16, 16])
-    trainer = quiet_trainer(tmp_path, [])
+    trainer = fit_trainer(tmp_path, logger=True)
     with pytest.raises(ValueError, match="image_shape"):
         trainer.fit(vae, datamodule=TinySquares())
 
@@ -222,7 +222,7 @@ def test_divergence_stops_with_a_message(tmp_path):
             self.data = TensorDataset(x, f)
 
     vae = _vae()
-    trainer = quiet_trainer(tmp_path, [])
+    trainer = fit_trainer(tmp_path, logger=True)
     with pytest.raises(DivergenceError, match="not finite at step 0.*lr = "):
         trainer.fit(vae, datamodule=NaNData(batch_size=32))
 
@@ -243,11 +243,11 @@ def test_sweep_trains_each_member_as_it_would_train_alone(tmp_path):
     sweep = NoNoiseSweep(init_encoder=Gain(g=[0.5, 2.0]), seeds=[0, 1], **args)
     assert sweep.labels == ["g=0.5,seed=0", "g=0.5,seed=1", "g=2,seed=0", "g=2,seed=1"]
     assert [p["g"] for p in sweep.member_params] == [0.5, 0.5, 2.0, 2.0]
-    trainer = short_trainer(tmp_path / "sweep", 5)
+    trainer = fit_trainer(tmp_path / "sweep", logger=True, max_steps=5)
     trainer.fit(sweep, datamodule=TinySquares())
     for label, g, seed in (("g=0.5,seed=1", 0.5, 1), ("g=2,seed=0", 2.0, 0)):
         alone = NoNoiseVAE(init_encoder=Gain(g=g), seed=seed, **args)
-        t = short_trainer(tmp_path / label, 5)
+        t = fit_trainer(tmp_path / label, logger=True, max_steps=5)
         t.fit(alone, datamodule=TinySquares())
         # same batches, same Adam state per parameter: equal up to float32 summation order
         for a, b in zip(alone.parameters(), sweep.member(label).parameters()):
@@ -281,7 +281,7 @@ def test_sweep_rejects_bad_seeds_and_unknown_members():
 def test_checkpoint_restores_a_sweep_built_from_the_data(tmp_path):
     sweep = BetaVAESweep(latent_dim=3, encoder_widths=[16, 8], decoder_widths=[8, 16], init_encoder=Gain(g=[0.5, 2.0]),
                          seeds=[0, 1])
-    trainer = short_trainer(tmp_path, 2)
+    trainer = fit_trainer(tmp_path, logger=True, max_steps=2)
     trainer.fit(sweep, datamodule=TinySquares())
     trainer.save_checkpoint(tmp_path / "sweep.ckpt")
     # image_shape came from the datamodule at setup and is stored, so no datamodule is needed here
@@ -293,7 +293,7 @@ def test_checkpoint_restores_a_sweep_built_from_the_data(tmp_path):
 
 def test_a_checkpoint_from_before_samples_seen_still_loads(tmp_path):
     vae = _vae()
-    trainer = short_trainer(tmp_path, 2)
+    trainer = fit_trainer(tmp_path, logger=True, max_steps=2)
     trainer.fit(vae, datamodule=TinySquares())
     trainer.save_checkpoint(tmp_path / "new.ckpt")
     ckpt = torch.load(tmp_path / "new.ckpt", weights_only=False)

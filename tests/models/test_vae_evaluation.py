@@ -9,7 +9,8 @@ import torch
 import yaml
 
 from tests.conftest import run_cli
-from tests.helpers_vae import TinySquares, short_trainer
+from helpers_fit import trainer as fit_trainer
+from tests.helpers_vae import TinySquares
 from zoo.init import Gain, Imbalance
 from zoo.metrics.sparsity import sparsity
 from zoo.models.sae import SparseAutoencoder
@@ -57,7 +58,7 @@ def test_lightning_test_prints_the_metrics_of_the_checkpoint(in_tmp, capsys):
 def test_a_sweep_tests_every_member(tmp_path):
     sweep = BetaVAESweep(init_encoder=Gain(g=[0.5, 2.0]), seeds=[0], **SMALL)
     dm = TinySquares(n_test=24)
-    trainer = short_trainer(tmp_path, 2)
+    trainer = fit_trainer(tmp_path, logger=True, max_steps=2)
     trainer.fit(sweep, datamodule=dm)
     assert sweep.samples_seen == 2 * 16
     trainer.test(sweep, datamodule=dm, verbose=False)
@@ -84,7 +85,7 @@ def test_sae_test_metrics_are_firing_counts_and_reconstruction(tmp_path):
     with torch.no_grad():  # biases of both signs: some units dead, some dense
         net.b_enc.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
     dm = Codes(n_test=40)
-    trainer = short_trainer(tmp_path, 1)
+    trainer = fit_trainer(tmp_path, logger=True, max_steps=1)
     trainer.test(net, datamodule=dm, verbose=False)
     x = torch.cat([b[0] for b in dm.test_dataloader()])
     with torch.no_grad():
